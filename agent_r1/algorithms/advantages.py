@@ -1,0 +1,194 @@
+"""Advantage estimators: pure functions from per-token rewards to per-token advantages.
+
+Batches are [B, T], right-padded; each row is one trajectory packed as prompt, then alternating
+action tokens (model turns) and observation tokens (tool outputs). Every estimator takes an
+`AdvantageInputs` and returns `(advantages, returns)`, both [B, T] and exactly 0 where `mask` is 0.
+Rewards are read on masked (action) tokens only: the caller puts the final reward on the last
+action token of the trajectory and each step reward on the last action token of its step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from agent_r1.algorithms.registry import register_advantage
+
+
+@dataclass
+class AdvantageInputs:
+    token_rewards: Tensor  # [B,T] float: final + step rewards (- per-token KL), on action tokens
+    mask: Tensor  # [B,T] float/bool advantage mask: 1 on action tokens, 0 on prompt/observation/pad
+    group_ids: Tensor  # [B] long; same id = same task (group baselines)
+    values: Tensor | None = None  # [B,T] critic values (gae, step_gae)
+    step_ids: Tensor | None = None  # [B,T] long: turn index of each action token, -1 elsewhere
+    gamma: float = 1.0
+    lam: float = 1.0
+    eps: float = 1e-6  # floor in the std / variance denominators
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """`(x - mean) / sqrt(var + eps)` over the masked entries of the whole batch; 0 elsewhere.
+
+    The variance is Bessel-corrected (unbiased, torch's default), and taken as 0 for fewer than
+    two masked entries.
+    """
+    m = mask.bool()
+    n = m.sum()
+    mean = torch.where(m, x, 0).sum() / n.clamp(min=1)
+    var = torch.where(m, (x - mean) ** 2, 0).sum() / (n - 1).clamp(min=1)
+    return torch.where(m, (x - mean) * torch.rsqrt(var + eps), 0)
+
+
+def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
+    """GAE along dim 1 that visits only masked positions; 0 at the others.
+
+    The recursion steps from one masked position to the next masked position of the same row,
+    so unmasked positions give neither reward nor value, and the value after a row's last masked
+    position is 0. With `values = 0, lam = 1` it is the discounted return-to-go.
+    """
+    adv = torch.zeros_like(rewards)
+    next_value = rewards.new_zeros(rewards.shape[0])
+    next_adv = rewards.new_zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        m = mask[:, t]
+        a = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * next_adv
+        adv[:, t] = torch.where(m, a, 0)
+        next_value = torch.where(m, values[:, t], next_value)
+        next_adv = torch.where(m, a, next_adv)
+    return adv
+
+
+def _require(x: Tensor | None, field: str, estimator: str) -> Tensor:
+    if x is None:
+        raise ValueError(f"advantage {estimator!r} needs AdvantageInputs.{field}")
+    return x
+
+
+def _scores(inp: AdvantageInputs) -> Tensor:
+    """[B] total reward of each trajectory (final + step rewards) over its action tokens."""
+    return torch.where(inp.mask.bool(), inp.token_rewards, 0).sum(-1)
+
+
+def _group_size_and_sum(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """For each row: the size of its group and the sum of `x` [B] over its group."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n = x.new_zeros(int(inv.max()) + 1).index_add_(0, inv, torch.ones_like(x))
+    total = x.new_zeros(n.shape).index_add_(0, inv, x)
+    return n[inv], total[inv]
+
+
+@register_advantage("gae")
+def gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """Token-level GAE over action tokens only (Agent-R1's advantage mask).
+
+    Observation tokens are skipped: the next value of a turn's last action token is the value at
+    the first action token of the next turn, and 0 after the trajectory's last action token.
+    `returns = advantages + values`; the advantages are then whitened over the batch's action
+    tokens (`masked_whiten`), on by default.
+    """
+    values = _require(inp.values, "values", "gae")
+    m = inp.mask.bool()
+    adv = _masked_gae(inp.token_rewards, values, m, inp.gamma, inp.lam)
+    returns = torch.where(m, adv + values, 0)
+    return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
+
+
+@register_advantage("step_gae")
+def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """Step-level GAE: each model turn is one step.
+
+    Step reward = sum of the rewards on the step's action tokens; step value = value at the
+    step's first action token; GAE runs over the steps of each row, and each step's advantage
+    and return (`advantage + step value`) is given to all of its tokens. Advantages are then
+    whitened over the batch's action tokens (`masked_whiten`), on by default.
+    """
+    values = _require(inp.values, "values", "step_gae")
+    step_ids = _require(inp.step_ids, "step_ids", "step_gae").long()
+    m = inp.mask.bool()
+    if (m & (step_ids < 0)).any():
+        raise ValueError("step_gae: every masked token needs a step id >= 0")
+    B, T = m.shape
+    S = int(torch.where(m, step_ids, -1).max()) + 1  # steps per row (at most)
+    idx = torch.where(m, step_ids, S)  # column S collects the unmasked tokens
+    rewards = torch.where(m, inp.token_rewards, 0)
+    step_rewards = rewards.new_zeros(B, S + 1).scatter_add_(1, idx, rewards)[:, :S]
+    pos = torch.arange(T, device=m.device).expand(B, T)
+    first = torch.full((B, S + 1), T, device=m.device).scatter_reduce_(1, idx, pos, "amin")[:, :S]
+    exists = first < T
+    step_values = values.gather(1, first.clamp(max=T - 1))
+    step_adv = _masked_gae(step_rewards, step_values, exists, inp.gamma, inp.lam)
+    step_ret = torch.where(exists, step_adv + step_values, 0)
+    # the zero column appended at S is what the unmasked tokens gather
+    adv = F.pad(step_adv, (0, 1)).gather(1, idx)
+    returns = F.pad(step_ret, (0, 1)).gather(1, idx)
+    return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
+
+
+def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
+    m = inp.mask.bool()
+    scores = _scores(inp)
+    n, total = _group_size_and_sum(scores, inp.group_ids)
+    centred = scores - total / n
+    if scale:
+        _, sq = _group_size_and_sum(centred**2, inp.group_ids)
+        centred = centred / ((sq / (n - 1).clamp(min=1)).sqrt() + inp.eps)
+    adv = torch.where(m, torch.where(n > 1, centred, 0)[:, None], 0)
+    return adv, adv
+
+
+@register_advantage("grpo")
+def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """GRPO: `(score - group mean) / (group std + eps)` on every action token.
+
+    score = sum of the trajectory's rewards (step rewards included); std is Bessel-corrected
+    (unbiased, torch's default); a group of one gets 0. No critic, so returns = advantages.
+    """
+    return _grpo(inp, scale=True)
+
+
+@register_advantage("grpo_no_std")
+def grpo_no_std(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """Dr. GRPO: `score - group mean`, without the std division; otherwise as `grpo`."""
+    return _grpo(inp, scale=False)
+
+
+@register_advantage("rloo")
+def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """RLOO: `score - mean of the other scores in the group` on every action token.
+
+    score as in `grpo`; a group of one gets 0; returns = advantages.
+    """
+    m = inp.mask.bool()
+    scores = _scores(inp)
+    n, total = _group_size_and_sum(scores, inp.group_ids)
+    loo = torch.where(n > 1, scores - (total - scores) / (n - 1).clamp(min=1), 0)
+    adv = torch.where(m, loo[:, None], 0)
+    return adv, adv
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted return-to-go over action tokens (gamma per action token,
+    observation tokens skipped; `lam` unused), whitened over the batch's action tokens
+    (`masked_whiten`), on by default. returns = the return-to-go.
+    """
+    m = inp.mask.bool()
+    rtg = _masked_gae(inp.token_rewards, torch.zeros_like(inp.token_rewards), m, inp.gamma, 1.0)
+    return (masked_whiten(rtg, m, inp.eps) if whiten else rtg), rtg
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline: the `reinforce_pp` return-to-go minus the group mean of the
+    trajectory scores (score as in `grpo`), then whitened as in `reinforce_pp`.
+    returns = the return-to-go.
+    """
+    m = inp.mask.bool()
+    rtg = _masked_gae(inp.token_rewards, torch.zeros_like(inp.token_rewards), m, inp.gamma, 1.0)
+    n, total = _group_size_and_sum(_scores(inp), inp.group_ids)
+    adv = torch.where(m, rtg - (total / n)[:, None], 0)
+    return (masked_whiten(adv, m, inp.eps) if whiten else adv), rtg

@@ -1,0 +1,147 @@
+"""Losses and log-prob helpers: pure functions over [B, T] token tensors.
+
+`mask` is the loss mask (1 on action tokens). Policy losses are registered by name and share the
+signature `fn(logprobs, old_logprobs, advantages, mask, ...) -> (loss, metrics)`, where metrics
+maps names to Python floats.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agent_r1.algorithms.registry import register_policy_loss
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def aggregate(x: Tensor, mask: Tensor, mode: str) -> Tensor:
+    """Reduce [B, T] `x` over its masked entries to a scalar.
+
+    - `token-mean`: sum(x * mask) / sum(mask) — every token weighs the same;
+    - `seq-mean-token-mean`: mean over sequences of each sequence's token mean;
+    - `seq-mean-token-sum`: mean over sequences of each sequence's token sum.
+    The sequence modes average over the sequences with at least one masked token. An empty mask
+    gives 0.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known: {', '.join(AGG_MODES)}")
+    m = mask.bool()
+    x = torch.where(m, x, 0)
+    if mode == "token-mean":
+        return x.sum() / m.sum().clamp(min=1)
+    n = m.sum(-1)
+    per_seq = x.sum(-1)
+    if mode == "seq-mean-token-mean":
+        per_seq = per_seq / n.clamp(min=1)
+    return per_seq.sum() / (n > 0).sum().clamp(min=1)
+
+
+def _ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    # the log-ratio is clamped to [-20, 20] so a stale token cannot overflow exp
+    return torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+
+
+def _approx_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
+    """Token mean of `old_logprobs - logprobs` (k1 estimate of KL(old || new))."""
+    return aggregate((old_logprobs - logprobs).detach(), mask, "token-mean").item()
+
+
+@register_policy_loss("ppo")
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate, `max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`.
+
+    With `dual_clip = c` (> 1; None disables), the loss of a token with A < 0 is capped at
+    `-c * A` (Ye et al. 2020), so a huge ratio on a bad token cannot dominate the batch.
+    Metrics (token means over the mask): `clipfrac` (the clipped term is the active one),
+    `approx_kl`, `dual_clip_frac` (the cap is the active one).
+    """
+    m = mask.bool()
+    ratio = _ratio(logprobs, old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    capped = torch.zeros_like(m)
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        cap = -advantages * dual_clip
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+    metrics = {
+        "clipfrac": aggregate((clipped > unclipped).float(), m, "token-mean").item(),
+        "approx_kl": _approx_kl(logprobs, old_logprobs, m),
+        "dual_clip_frac": aggregate(capped.float(), m, "token-mean").item(),
+    }
+    return aggregate(loss, m, agg), metrics
+
+
+@register_policy_loss("vanilla")
+def vanilla_pg_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Unclipped importance-weighted policy gradient, `-A * r`; metrics: `approx_kl`."""
+    loss = -advantages * _ratio(logprobs, old_logprobs)
+    return aggregate(loss, mask, agg), {"approx_kl": _approx_kl(logprobs, old_logprobs, mask)}
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
+    """Per-token estimate of KL(policy || ref) from samples of the policy.
+
+    - `k1`: `logp - ref` (unbiased, can be negative);
+    - `k2`: `0.5 * (logp - ref)^2` (biased, non-negative);
+    - `k3`: `exp(ref - logp) - (ref - logp) - 1` (Schulman's unbiased, non-negative).
+    """
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1
+    raise ValueError(f"unknown KL penalty kind {kind!r}; known: k1, k2, k3")
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """[B, T, V] logits → [B, T] entropy, as `logsumexp(z) - sum(softmax(z) * z)`."""
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """[B, T, V] logits, [B, T] labels → [B, T] log-probs of the labels.
+
+    Computed as `z[label] - logsumexp(z)`, so no [B, T, V] log-softmax is kept for backward.
+    """
+    return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float = 0.2,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss, `0.5 * max((v - R)^2, (v_clip - R)^2)`, with
+    `v_clip = old + clamp(v - old, -clip, clip)`. Metrics: `vf_clipfrac`, the token mean of
+    the clipped error being the larger one.
+    """
+    v_clip = old_values + (values - old_values).clamp(-clip, clip)
+    err = (values - returns) ** 2
+    err_clip = (v_clip - returns) ** 2
+    loss = 0.5 * aggregate(torch.maximum(err, err_clip), mask, agg)
+    return loss, {"vf_clipfrac": aggregate((err_clip > err).float(), mask, "token-mean").item()}

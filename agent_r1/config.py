@@ -1,0 +1,165 @@
+"""Typed configuration. Every key is declared here; an unknown key or a bad value is rejected
+with a message naming it (pydantic ``extra="forbid"`` plus field constraints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent_r1.learner.learner import LearnerConfig
+from agent_r1.models import TinyModelConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(_Strict):
+    source: Literal["synthetic", "hotpotqa"] = "synthetic"
+    path: str | None = None  # hotpotqa: a .jsonl / .json file
+    seed: int = 0
+    n_films: int = Field(160, ge=4)
+    n_studios: int = Field(20, ge=2)
+    n_cities: int = Field(24, ge=2)
+    heldout_fraction: float = Field(0.25, gt=0, lt=1)
+    questions_per_type: int = Field(200, ge=1)
+
+
+class ModelConfig(_Strict):
+    name_or_path: str | None = None  # None: a tiny model built from `tiny`, tokenizer trained here
+    tiny: TinyModelConfig = TinyModelConfig()
+    seed: int = 0
+
+
+class EnvConfig(_Strict):
+    max_turns: int = Field(4, ge=1)
+    max_context_tokens: int = Field(1024, ge=64)
+    max_new_tokens: int = Field(48, ge=1)
+    top_k: int = Field(2, ge=1)
+    context: Literal["full", "sliding_window"] = "full"
+    window: int = Field(2, ge=1)
+    reward_scheme: Literal["agent_r1", "answer_only", "answer_plus_format"] = "agent_r1"
+    answer_metric: Literal["em", "f1"] = "em"
+    retrieval_bonus: float = 0.0
+    format_penalty: float = Field(0.0, le=0)
+    tools_in_prompt: bool = False  # list tool schemas in the system turn (hub chat models want this)
+    tool_timeout_s: float = Field(5.0, gt=0)
+    max_output_chars: int = Field(1200, ge=50)
+
+
+class SFTConfig(_Strict):
+    hops: list[int] = [1]  # which questions the oracle demonstrates
+    epochs: float = Field(3.0, gt=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+
+
+class RLConfig(_Strict):
+    algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
+    hops: list[int] = [2]  # which questions RL trains on
+    iterations: int = Field(40, ge=0)
+    tasks_per_iteration: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(1.0, ge=0, le=1)
+    loss_mask: bool = True
+    adv_mask: bool = True
+    learner: LearnerConfig = LearnerConfig()
+
+
+class EvalConfig(_Strict):
+    split: str = "test"
+    hops: list[int] = [1, 2, 3]
+    max_per_hop: int = Field(100, ge=1)
+    temperature: float = Field(0.0, ge=0)  # 0: greedy
+
+
+class RunConfig(_Strict):
+    name: str = "default"
+    seed: int = 0
+    output_dir: str = "outputs/default"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _check(self):
+        from agent_r1.algorithms import ADVANTAGES
+
+        if self.rl.algorithm not in ADVANTAGES:
+            raise ValueError(f"rl.algorithm: unknown estimator {self.rl.algorithm!r}; known: {sorted(ADVANTAGES)}")
+        if self.env.max_new_tokens >= self.env.max_context_tokens:
+            raise ValueError("env.max_new_tokens must be smaller than env.max_context_tokens")
+        return self
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output_dir)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _format(err: ValidationError, where: str) -> str:
+    lines = [f"invalid config {where}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def _set_dotted(d: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"override {dotted!r}: {k!r} is not a section")
+    d[keys[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["rl.iterations=5", "env.top_k=3"]`` → nested dict (values parsed as YAML scalars)."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        key, raw = item.split("=", 1)
+        _set_dotted(out, key.strip(), yaml.safe_load(raw))
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(pipeline: str = "default", path: str | Path = "pipelines.yaml", overrides: dict | None = None) -> RunConfig:
+    """Read pipeline ``pipeline`` from ``path`` (if the file exists), apply overrides, validate."""
+    raw: dict = {}
+    path = Path(path)
+    if path.exists():
+        doc = yaml.safe_load(path.read_text()) or {}
+        pipelines = doc.get("pipelines", {})
+        if pipeline not in pipelines:
+            raise ConfigError(f"{path}: no pipeline named {pipeline!r}; defined: {sorted(pipelines)}")
+        raw = pipelines[pipeline] or {}
+    elif pipeline != "default":
+        raise ConfigError(f"{path} not found (needed for pipeline {pipeline!r})")
+    raw = _merge({"name": pipeline, "output_dir": f"outputs/{pipeline}"}, raw)
+    raw = _merge(raw, overrides or {})
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format(e, f"for pipeline {pipeline!r} ({path})")) from None

@@ -1,0 +1,40 @@
+"""Evaluating an agent: greedy episodes on held-out tasks, summarised overall and by hop count."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from agent_r1.trajectory import Trajectory
+
+
+def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
+    """Mean metrics over episodes: answer quality, tool use, format errors, tokens."""
+    n = len(trajs)
+    if n == 0:
+        return {"n": 0}
+    turns = sum(len(t.steps) for t in trajs)
+    out = {
+        "em": sum(t.metrics.get("em", 0.0) for t in trajs) / n,
+        "f1": sum(t.metrics.get("f1", 0.0) for t in trajs) / n,
+        "n": n,
+        "reward": sum(t.total_reward for t in trajs) / n,
+        "tool_calls": sum(t.metrics.get("tool_calls", 0) for t in trajs) / n,
+        "turns": turns / n,
+        "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
+        "answered": sum(bool(t.metrics.get("answer")) for t in trajs) / n,
+        "tokens": sum(t.num_action_tokens for t in trajs) / n,
+        "search_recall": sum(t.metrics.get("gold_recall", 0.0) for t in trajs) / n,
+    }
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:
+    """``{"all": {...}, "1hop": {...}, "2hop": {...}, ...}``."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, task in enumerate(tasks):
+        groups[int(task.get("hops", 0))].append(i)
+    out = {"all": summarize(trajs, tasks)}
+    for hops in sorted(groups):
+        idx = groups[hops]
+        out[f"{hops}hop"] = summarize([trajs[i] for i in idx], [tasks[i] for i in idx])
+    return out

@@ -1,0 +1,292 @@
+"""The DeepSpeed learner: policy (and critic) updates on packed trajectories.
+
+The policy — and the critic when the advantage estimator needs values — are wrapped by
+``deepspeed.initialize`` with the ZeRO stage from the config; the frozen reference is a plain
+module in eval mode. A mini-batch is split into micro-batches by a token budget, gradients are
+accumulated over them (DeepSpeed's unmanaged accumulation: ``step()`` is the boundary), and each
+micro-batch's loss is weighted by its share of the mini-batch so the result does not depend on
+how the batch was split.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_r1.algorithms import (
+    aggregate,
+    entropy_from_logits,
+    get_policy_loss,
+    kl_penalty,
+    logprobs_from_logits,
+    value_loss,
+)
+from agent_r1.learner.distributed import init_distributed
+
+
+class LearnerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-4, gt=0)
+    critic_lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    zero_stage: int = Field(0, ge=0, le=3)
+    micro_batch_tokens: int = Field(8192, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
+    policy_loss: str = "ppo"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = 3.0
+    loss_agg: str = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)  # KL to the frozen reference, added to the loss
+    kl_kind: str = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    value_clip: float = Field(0.2, ge=0)
+    temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
+
+
+def _ds_config(cfg: LearnerConfig) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _initialize(module: torch.nn.Module, lr: float, cfg: LearnerConfig):
+    import deepspeed
+
+    init_distributed()
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=_ds_config(cfg))
+    return engine
+
+
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):
+    """log p(ids[t] | ids[:t]) aligned to ``input_ids`` (position 0 gets 0), optionally entropies."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    pad = torch.zeros_like(input_ids[:, :1], dtype=logits.dtype)
+    logp = torch.cat([pad, logprobs_from_logits(logits, input_ids[:, 1:])], dim=1)
+    if not with_entropy:
+        return logp
+    return logp, torch.cat([pad, entropy_from_logits(logits)], dim=1)
+
+
+def split_by_tokens(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Split row indices into micro-batches whose padded size (rows × longest) fits ``budget``."""
+    order = rows[torch.argsort(lengths[rows], descending=True)]
+    out, cur, longest = [], [], 0
+    for r in order.tolist():
+        n = int(lengths[r])
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(torch.tensor(cur))
+            cur, longest = [], 0
+        cur.append(r)
+        longest = max(longest, n)
+    if cur:
+        out.append(torch.tensor(cur))
+    return out
+
+
+def _trim(batch: dict, rows: torch.Tensor) -> dict:
+    """Select rows and cut the padding columns they do not need."""
+    T = int(batch["attention_mask"][rows].sum(1).max())
+    return {k: (v[rows, :T] if v.dim() == 2 else v[rows]) for k, v in batch.items()}
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: the policy's transformer body with a scalar head, one value per token."""
+
+    def __init__(self, causal_lm: torch.nn.Module):
+        super().__init__()
+        self.body = causal_lm.get_decoder()
+        self.head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden).squeeze(-1)
+
+
+@dataclass
+class _Weights:
+    tokens: float
+    seqs: float
+
+
+class Learner:
+    """Owns the DeepSpeed engines and applies SFT and RL updates."""
+
+    def __init__(self, policy, cfg: LearnerConfig, reference=None, critic: ValueModel | None = None):
+        self.cfg = cfg
+        self.engine = _initialize(policy, cfg.lr, cfg)
+        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
+        self.critic = _initialize(critic, cfg.critic_lr, cfg) if critic is not None else None
+        self.policy_loss = get_policy_loss(cfg.policy_loss)
+
+    @property
+    def model(self):
+        return self.engine.module
+
+    # ---------------------------------------------------------------- forward-only passes
+    @torch.no_grad()
+    def logprobs(self, batch: dict, model=None) -> torch.Tensor:
+        """Log-probs of ``batch`` under the policy (or ``model``), micro-batched, no grad."""
+        model = model if model is not None else self.model
+        was = model.training
+        model.eval()
+        out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
+        lengths = batch["attention_mask"].sum(1)
+        for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
+            mb = _trim(batch, rows)
+            T = mb["input_ids"].shape[1]
+            out[rows, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature)
+        model.train(was)
+        return out
+
+    @torch.no_grad()
+    def values(self, batch: dict) -> torch.Tensor:
+        out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
+        lengths = batch["attention_mask"].sum(1)
+        for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
+            mb = _trim(batch, rows)
+            out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"])
+        return out
+
+    # ---------------------------------------------------------------- updates
+    def _minibatches(self, n: int, generator: torch.Generator | None):
+        perm = torch.randperm(n, generator=generator)
+        return [m for m in perm.chunk(self.cfg.mini_batches) if len(m)]
+
+    def _weight(self, mb_mask: torch.Tensor, total: _Weights) -> float:
+        if self.cfg.loss_agg == "token-mean":
+            return float(mb_mask.sum()) / max(total.tokens, 1.0)
+        return float((mb_mask.sum(1) > 0).sum()) / max(total.seqs, 1.0)
+
+    def _accumulate(self, engine, batch: dict, rows: torch.Tensor, mask_key: str, loss_fn) -> dict:
+        """Backward over token-budgeted micro-batches of ``rows``, then one optimizer step."""
+        mask = batch[mask_key][rows]
+        total = _Weights(float(mask.sum()), float((mask.sum(1) > 0).sum()))
+        lengths = batch["attention_mask"].sum(1)
+        sums: dict[str, float] = {}
+        for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
+            mb = _trim(batch, micro)
+            w = self._weight(mb[mask_key], total)
+            if w == 0:
+                continue
+            loss, metrics = loss_fn(mb)
+            engine.backward(loss * w)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + w * float(v)
+        engine.step()
+        return sums
+
+    def sft_step(self, batch: dict) -> dict:
+        """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
+
+        def loss_fn(mb):
+            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"])
+            loss = -aggregate(logp, mb["loss_mask"], self.cfg.loss_agg)
+            return loss, {"sft_loss": loss.detach()}
+
+        self.engine.train()
+        return self._accumulate(self.engine, batch, torch.arange(len(batch["input_ids"])), "loss_mask", loss_fn)
+
+    def update(self, batch: dict, generator: torch.Generator | None = None) -> dict:
+        """PPO-style policy (and critic) epochs over ``batch``.
+
+        ``batch`` holds the collated tensors plus ``advantages``, ``old_logprobs`` and, when a
+        reference/critic is used, ``ref_logprobs`` / ``returns`` / ``old_values``.
+        """
+        cfg = self.cfg
+
+        def policy_loss_fn(mb):
+            logp, ent = token_logprobs(
+                self.model, mb["input_ids"], mb["attention_mask"], cfg.temperature, with_entropy=True
+            )
+            mask = mb["loss_mask"]
+            loss, metrics = self.policy_loss(
+                logp, mb["old_logprobs"], mb["advantages"], mask, **self._loss_kwargs()
+            )
+            entropy = aggregate(ent, mask, cfg.loss_agg)
+            metrics = {f"policy/{k}": v for k, v in metrics.items()}
+            metrics["policy/pg_loss"] = loss.detach()
+            metrics["policy/entropy"] = entropy.detach()
+            if self.reference is not None and cfg.kl_coef > 0:
+                kl = aggregate(kl_penalty(logp, mb["ref_logprobs"], cfg.kl_kind), mask, cfg.loss_agg)
+                loss = loss + cfg.kl_coef * kl
+                metrics["policy/kl"] = kl.detach()
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * entropy
+            return loss, metrics
+
+        def critic_loss_fn(mb):
+            v = self.critic(mb["input_ids"], mb["attention_mask"])
+            loss, metrics = value_loss(
+                v, mb["old_values"], mb["returns"], mb["adv_mask"], clip=cfg.value_clip, agg=cfg.loss_agg
+            )
+            return loss, {"critic/" + k: val for k, val in metrics.items()} | {"critic/loss": loss.detach()}
+
+        self.engine.train()
+        history: dict[str, list[float]] = {}
+        for _ in range(cfg.ppo_epochs):
+            for rows in self._minibatches(len(batch["input_ids"]), generator):
+                for k, v in self._accumulate(self.engine, batch, rows, "loss_mask", policy_loss_fn).items():
+                    history.setdefault(k, []).append(v)
+                if self.critic is not None:
+                    for k, v in self._accumulate(self.critic, batch, rows, "adv_mask", critic_loss_fn).items():
+                        history.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in history.items()}
+
+    def _loss_kwargs(self) -> dict:
+        cfg = self.cfg
+        if cfg.policy_loss == "ppo":
+            return dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg)
+        return dict(agg=cfg.loss_agg)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: str | Path, tokenizer=None) -> Path:
+        return save_hf_checkpoint(self.engine, path, tokenizer)
+
+
+def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Path:
+    """Write a Hugging Face folder (safetensors) atomically: into a temp dir, then rename.
+
+    A reader (or a resumed run) never sees a half-written checkpoint: either the old folder or
+    the complete new one is at ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    module = getattr(engine_or_model, "module", engine_or_model)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    state = None
+    if getattr(engine_or_model, "zero_optimization_partition_weights", lambda: False)():
+        state = engine_or_model._zero3_consolidated_16bit_state_dict()  # ZeRO-3: gather shards
+    module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path

@@ -1,0 +1,92 @@
+"""One RL iteration: rollout → reward annotation → advantages → DeepSpeed update."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from agent_r1.algorithms import AdvantageInputs, get_advantage
+from agent_r1.config import RLConfig
+from agent_r1.context import ContextManager
+from agent_r1.rollout import RolloutEngine, SamplingParams, run_episodes
+from agent_r1.trajectory import Trajectory, collate, to_sequences
+
+# Estimators that need a learned value function (a critic).
+NEEDS_CRITIC = {"gae", "step_gae"}
+# Names that results are reported under (the Agent-R1 paper's names).
+METHOD_NAMES = {"gae": "ppo", "step_gae": "ppo_step"}
+
+
+def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True) -> str:
+    name = METHOD_NAMES.get(algorithm, algorithm)
+    if not loss_mask:
+        return f"{name}_no_loss_mask"
+    if not adv_mask:
+        return f"{name}_no_adv_mask"
+    return name
+
+
+def rollout(engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager, cfg: RLConfig, max_new_tokens: int, max_context_tokens: int, on_turn=None) -> list[Trajectory]:
+    """``group_size`` sampled episodes per task; episodes of one task share a group id."""
+    reps = [t for t in tasks for _ in range(cfg.group_size)]
+    groups = [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
+    params = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens)
+    return run_episodes(engine, make_env, reps, context, params, groups, max_context_tokens, on_turn)
+
+
+def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> dict:
+    """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages."""
+    batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
+    batch["old_logprobs"] = learner.logprobs(batch)
+    if learner.reference is not None and learner.cfg.kl_coef > 0:
+        batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
+    values = learner.values(batch) if learner.critic is not None else None
+    adv, ret = get_advantage(cfg.algorithm)(
+        AdvantageInputs(
+            token_rewards=batch["token_rewards"],
+            mask=batch["adv_mask"],
+            group_ids=batch["group_ids"],
+            values=values,
+            step_ids=batch["step_ids"],
+            gamma=cfg.gamma,
+            lam=cfg.lam,
+        )
+    )
+    batch.update(advantages=adv, returns=ret)
+    if values is not None:
+        batch["old_values"] = values
+    return batch
+
+
+def rollout_stats(trajs: list[Trajectory]) -> dict:
+    rewards = [t.total_reward for t in trajs]
+    turns = sum(len(t.steps) for t in trajs)
+    return {
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "em": statistics.fmean(t.metrics.get("em", 0.0) for t in trajs),
+        "tool_calls": statistics.fmean(t.metrics.get("tool_calls", 0) for t in trajs),
+        "format_errors": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
+        "turns": turns / len(trajs),
+    }
+
+
+def rl_iteration(learner, engine, make_env, tasks, context, cfg: RLConfig, max_new_tokens: int, max_context_tokens: int, pad_id: int, generator: torch.Generator | None = None, on_turn: Callable | None = None) -> tuple[dict, list[Trajectory]]:
+    t0 = time.perf_counter()
+    trajs = rollout(engine, make_env, tasks, context, cfg, max_new_tokens, max_context_tokens, on_turn)
+    t1 = time.perf_counter()
+    batch = annotate(learner, trajs, cfg, pad_id)
+    stats = learner.update(batch, generator)
+    t2 = time.perf_counter()
+    n_tokens = int(batch["attention_mask"].sum())
+    stats |= rollout_stats(trajs)
+    stats |= {
+        "time/rollout_s": t1 - t0,
+        "time/update_s": t2 - t1,
+        "train_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
+        "action_tokens": sum(t.num_action_tokens for t in trajs),
+    }
+    return stats, trajs

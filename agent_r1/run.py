@@ -1,0 +1,243 @@
+"""The default training run, end to end: data → model → SFT cold start → RL → evaluation.
+
+Each function here is one piece of the run (the pipeline stages of later issues call the same
+pieces); ``train_and_evaluate`` strings them together and writes ``metrics/eval.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from agent_r1.config import RunConfig
+from agent_r1.context import make_context_manager
+from agent_r1.data import load_hotpotqa
+from agent_r1.data.synthetic import WorldConfig, generate, load_corpus, load_split
+from agent_r1.envs import MultiHopQAEnv
+from agent_r1.evaluate import summarize_by_hops
+from agent_r1.learner import Learner, ValueModel
+from agent_r1.models import build_tiny_model, load_model, train_tokenizer
+from agent_r1.progress import Progress
+from agent_r1.rl import NEEDS_CRITIC, method_name, rl_iteration, rollout_stats
+from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
+from agent_r1.sft import demonstration, sft
+from agent_r1.tools import SearchIndex, make_search_tool
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ data
+def prepare_data(cfg: RunConfig) -> Path:
+    """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``."""
+    out = cfg.out / "data"
+    if cfg.data.source == "synthetic":
+        d = cfg.data
+        world = generate(
+            WorldConfig(
+                seed=d.seed,
+                n_films=d.n_films,
+                n_studios=d.n_studios,
+                n_cities=d.n_cities,
+                heldout_fraction=d.heldout_fraction,
+                questions_per_type=d.questions_per_type,
+            )
+        )
+        world.write(out)
+    else:
+        if not cfg.data.path:
+            raise ValueError("data.path must name a HotpotQA file when data.source is 'hotpotqa'")
+        out.mkdir(parents=True, exist_ok=True)
+        questions, corpus = load_hotpotqa(cfg.data.path, split="test")
+        corpus.to_parquet(out / "corpus.parquet", index=False)
+        questions.to_parquet(out / "test.parquet", index=False)
+        questions.iloc[:0].assign(split="train").to_parquet(out / "train.parquet", index=False)
+    return out
+
+
+def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Rows with the given hop counts as task dicts (at most ``limit`` per hop count)."""
+    parts = []
+    for h in hops:
+        part = df[df["hops"] == h]
+        if limit is not None and len(part) > limit:
+            part = part.sample(n=limit, random_state=seed)
+        parts.append(part)
+    if not parts:
+        return []
+    out = pd.concat(parts).to_dict("records")
+    for t in out:
+        for k in ("answers", "gold_titles", "search_chain"):
+            if k in t:
+                t[k] = list(t[k])
+    return out
+
+
+# ------------------------------------------------------------------------------ agent parts
+@dataclass
+class Agent:
+    """Everything an episode needs: model, tokenizer, search tool, env factory, context manager."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    search: object
+    cfg: RunConfig
+
+    def make_env(self) -> MultiHopQAEnv:
+        e = self.cfg.env
+        return MultiHopQAEnv(
+            search_tool=self.search,
+            max_turns=e.max_turns,
+            max_context_tokens=e.max_context_tokens,
+            reward_scheme=e.reward_scheme,
+            answer_metric=e.answer_metric,
+            retrieval_bonus=e.retrieval_bonus,
+            format_penalty=e.format_penalty,
+        )
+
+    def context(self):
+        tools = [self.search.schema] if self.cfg.env.tools_in_prompt else None
+        kw = {"window": self.cfg.env.window} if self.cfg.env.context == "sliding_window" else {}
+        return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw)
+
+
+def make_search(cfg: RunConfig, data_dir: Path):
+    index = SearchIndex(load_corpus(data_dir))
+    return make_search_tool(index, top_k=cfg.env.top_k, timeout_s=cfg.env.tool_timeout_s, max_output_chars=cfg.env.max_output_chars)
+
+
+def initial_model(cfg: RunConfig, data_dir: Path, search) -> tuple[torch.nn.Module, object]:
+    """The configured pretrained model, or a tiny model + a tokenizer trained on the task's text."""
+    if cfg.model.name_or_path:
+        return load_model(cfg.model.name_or_path)
+    corpus = load_corpus(data_dir)
+    train = load_split(data_dir, "train")
+    texts = list(corpus["text"]) + list(corpus["title"]) + list(train["question"])
+    # A few rendered demonstrations so the chat and tool-call syntax get their own merges.
+    from agent_r1.sft import oracle_turns
+
+    for task in tasks_for(train, sorted(train["hops"].unique()), limit=20, seed=cfg.seed):
+        texts += [text + "".join(o["content"] for o in obs) for text, obs in oracle_turns(task, search)]
+    tokenizer = train_tokenizer(texts, vocab_size=cfg.model.tiny.vocab_size)
+    return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed), tokenizer
+
+
+def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "eval") -> tuple[dict, list]:
+    engine = HFEngine(agent.model, agent.tokenizer)
+    params = SamplingParams(temperature=agent.cfg.eval.temperature, max_new_tokens=agent.cfg.env.max_new_tokens)
+    torch.manual_seed(agent.cfg.seed)
+    with (progress or Progress.null()).task(label, total=None) as report:
+        trajs = run_episodes(
+            engine, agent.make_env, tasks, agent.context(), params,
+            max_context_tokens=agent.cfg.env.max_context_tokens,
+            on_turn=lambda turn, n: report(f"turn {turn + 1}: {n} episodes running"),
+        )
+    return summarize_by_hops(trajs, tasks), trajs
+
+
+# ------------------------------------------------------------------------------ the run
+def write_eval(path: Path, results: dict) -> None:
+    """Merge ``{split: {method: metrics}}`` into the JSON at ``path`` (written atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for split, methods in results.items():
+        current.setdefault(split, {}).update(methods)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(current, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def flat_eval(by_hops: dict, split: str) -> dict:
+    """``{split: metrics}`` plus one ``{split}_{k}hop`` entry per hop count."""
+    out = {split: by_hops["all"]}
+    out |= {f"{split}_{k}": v for k, v in by_hops.items() if k != "all"}
+    return out
+
+
+def train_and_evaluate(cfg: RunConfig, progress: Progress | None = None, control: bool = False) -> dict:
+    """The default run. Returns ``{split: {method: metrics}}`` as written to metrics/eval.json.
+
+    With ``control``, also trains a copy of the SFT model with supervised steps for as long as RL
+    took (method ``sft_control``): the check that RL's gain is not just extra training time.
+    """
+    progress = progress or Progress.null()
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    data_dir = prepare_data(cfg)
+    search = make_search(cfg, data_dir)
+    model, tokenizer = initial_model(cfg, data_dir, search)
+    agent = Agent(model, tokenizer, search, cfg)
+    train_df, test_df = load_split(data_dir, "train"), load_split(data_dir, cfg.eval.split)
+    eval_tasks = tasks_for(test_df, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
+    results: dict[str, dict] = {}
+    timings: dict[str, float] = {}
+
+    def record(method: str, by_hops: dict) -> None:
+        for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
+            results.setdefault(split, {})[method] = metrics
+
+    # --- SFT cold start
+    t0 = time.perf_counter()
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+    context = agent.context()
+    demo_tasks = tasks_for(train_df, cfg.sft.hops, seed=cfg.seed)
+    demos = [demonstration(t, agent.make_env().reset(t), search, context) for t in demo_tasks]
+    with progress.task("sft", total=None) as report:
+        sft(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed,
+            on_step=lambda s, n, m: report(f"step {s}/{n} loss {m['sft_loss']:.3f}", s / n))
+    learner.save(cfg.out / "checkpoints" / "sft", tokenizer)
+    timings["sft_s"] = time.perf_counter() - t0
+    sft_eval, _ = evaluate_agent(agent, eval_tasks, progress, "eval sft")
+    record("sft", sft_eval)
+
+    # --- optional control: more SFT for RL's wall time, from the same start
+    # --- RL
+    t0 = time.perf_counter()
+    method = method_name(cfg.rl.algorithm, cfg.rl.loss_mask, cfg.rl.adv_mask)
+    rl_cfg = cfg.rl
+    reference = None
+    if rl_cfg.learner.kl_coef > 0:
+        reference, _ = load_model(cfg.out / "checkpoints" / "sft")
+    critic = ValueModel(load_model(cfg.out / "checkpoints" / "sft")[0]) if rl_cfg.algorithm in NEEDS_CRITIC else None
+    learner = Learner(agent.model, rl_cfg.learner, reference=reference, critic=critic)
+    engine = HFEngine(agent.model, tokenizer)
+    rl_tasks = tasks_for(train_df, rl_cfg.hops, seed=cfg.seed)
+    rng = torch.Generator().manual_seed(cfg.seed)
+    history = []
+    with progress.task(f"rl {method}", total=rl_cfg.iterations) as report:
+        for it in range(rl_cfg.iterations):
+            pick = torch.randperm(len(rl_tasks), generator=rng)[: rl_cfg.tasks_per_iteration].tolist()
+            stats, _ = rl_iteration(learner, engine, agent.make_env, [rl_tasks[i] for i in pick], context, rl_cfg,
+                                    cfg.env.max_new_tokens, cfg.env.max_context_tokens, tokenizer.pad_token_id, rng)
+            stats["iteration"] = it + 1
+            history.append(stats)
+            report(f"it {it + 1}/{rl_cfg.iterations} reward {stats['reward_mean']:.3f} em {stats['em']:.3f} "
+                   f"calls {stats['tool_calls']:.2f}", (it + 1) / max(rl_cfg.iterations, 1))
+    learner.save(cfg.out / "checkpoints" / method, tokenizer)
+    timings["rl_s"] = time.perf_counter() - t0
+    rl_eval, _ = evaluate_agent(agent, eval_tasks, progress, f"eval {method}")
+    record(method, rl_eval)
+
+    if control:
+        ctl_model, _ = load_model(cfg.out / "checkpoints" / "sft")
+        ctl = Agent(ctl_model, tokenizer, search, cfg)
+        ctl_learner = Learner(ctl_model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+        deadline = time.perf_counter() + timings["rl_s"]
+        with progress.task("sft control", total=None) as report:
+            while time.perf_counter() < deadline:
+                sft(ctl_learner, demos, tokenizer.pad_token_id, 0.25, cfg.sft.batch_size, cfg.sft.lr * 0.1, 0, cfg.seed,
+                    on_step=lambda s, n, m: report(f"loss {m['sft_loss']:.3f}"))
+        ctl_eval, _ = evaluate_agent(ctl, eval_tasks, progress, "eval sft_control")
+        record("sft_control", ctl_eval)
+
+    timings["total_s"] = time.perf_counter() - t_start
+    metrics_dir = cfg.out / "metrics"
+    write_eval(metrics_dir / "eval.json", results)
+    (metrics_dir / "train_history.json").write_text(json.dumps(history, indent=1))
+    (metrics_dir / "timings.json").write_text(json.dumps(timings, indent=1))
+    return results

@@ -1,0 +1,85 @@
+"""Cold start: supervised fine-tuning on oracle demonstrations.
+
+RL cannot discover tool use from random weights. An oracle that knows each question's search
+chain writes the demonstration: one search per entity on the chain (the real search tool runs,
+so the demonstration shows real BM25 results), then the answer. Demonstrations are tokenized
+the same way rollouts are (the context manager renders prompts and observations), packed with
+the same code, and only the assistant turns carry loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+
+import torch
+
+from agent_r1.context import ContextManager
+from agent_r1.tools import Tool, run_tool
+from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def answer_text(answer: str) -> str:
+    return f"<answer>{answer}</answer>"
+
+
+def oracle_turns(task: dict, search: Tool) -> list[tuple[str, list[dict]]]:
+    """The oracle's (assistant text, observation messages) turns for one task."""
+    turns = []
+    for entity in task["search_chain"]:
+        args = {"query": entity}
+        res = run_tool(search, args)
+        turns.append((tool_call_text(search.name, args), [{"role": "tool", "name": search.name, "content": res.text}]))
+    turns.append((answer_text(task["answers"][0]), []))
+    return turns
+
+
+def demonstration(task: dict, messages: list[dict], search: Tool, context: ContextManager) -> Trajectory:
+    """Tokenize one oracle episode exactly as a rollout would have seen it."""
+    tok = context.tokenizer
+    ctx = context.start(messages)
+    traj = Trajectory(task_id=str(task["id"]), group_id=0)
+    for text, obs in oracle_turns(task, search):
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        traj.steps.append(Step(context_ids=context.context_ids(ctx), action_ids=ids, action_logprobs=[0.0] * len(ids), action_text=text, observation=obs))
+        if obs:
+            context.observe(ctx, ids, obs)
+    return traj
+
+
+def sft(
+    learner,
+    demos: list[Trajectory],
+    pad_id: int,
+    epochs: float,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int = 0,
+    seed: int = 0,
+    on_step: Callable[[int, int, dict], None] | None = None,
+) -> list[dict]:
+    """Train on ``demos`` for ``epochs`` passes (fractions allowed); linear warmup, cosine decay."""
+    seqs = [s for d in demos for s in to_sequences(d)]
+    steps_per_epoch = math.ceil(len(seqs) / batch_size)
+    total = max(1, round(epochs * steps_per_epoch))
+    opt = learner.engine.optimizer
+    g = torch.Generator().manual_seed(seed)
+    history, perm, pos = [], torch.randperm(len(seqs), generator=g), 0
+    for step in range(total):
+        if pos + batch_size > len(seqs):
+            perm, pos = torch.randperm(len(seqs), generator=g), 0
+        rows = perm[pos : pos + batch_size].tolist()
+        pos += batch_size
+        scale = (step + 1) / warmup_steps if step < warmup_steps else 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, total - warmup_steps)))
+        for group in opt.param_groups:
+            group["lr"] = lr * scale
+        metrics = learner.sft_step(collate([seqs[r] for r in rows], pad_id))
+        history.append(metrics)
+        if on_step:
+            on_step(step + 1, total, metrics)
+    return history
