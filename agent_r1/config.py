@@ -20,12 +20,19 @@ class _Strict(BaseModel):
 class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa"] = "synthetic"
     path: str | None = None  # hotpotqa: a .jsonl / .json file
+    # synthetic world (see agent_r1.data.synthetic.WorldConfig)
     seed: int = 0
-    n_films: int = Field(160, ge=4)
+    n_films: int = Field(320, ge=4)
+    n_directors: int = Field(120, ge=2)
     n_studios: int = Field(20, ge=2)
     n_cities: int = Field(24, ge=2)
     heldout_fraction: float = Field(0.25, gt=0, lt=1)
-    questions_per_type: int = Field(200, ge=1)
+    questions_per_type: int | None = Field(None, ge=1)  # None: one question per eligible entity
+
+    def world(self):
+        from agent_r1.data.synthetic import WorldConfig
+
+        return WorldConfig(**self.model_dump(exclude={"source", "path"}))
 
 
 class ModelConfig(_Strict):

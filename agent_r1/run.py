@@ -18,7 +18,7 @@ import torch
 from agent_r1.config import RunConfig
 from agent_r1.context import make_context_manager
 from agent_r1.data import load_hotpotqa
-from agent_r1.data.synthetic import WorldConfig, generate, load_corpus, load_split
+from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.learner import Learner, ValueModel
@@ -37,18 +37,7 @@ def prepare_data(cfg: RunConfig) -> Path:
     """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``."""
     out = cfg.out / "data"
     if cfg.data.source == "synthetic":
-        d = cfg.data
-        world = generate(
-            WorldConfig(
-                seed=d.seed,
-                n_films=d.n_films,
-                n_studios=d.n_studios,
-                n_cities=d.n_cities,
-                heldout_fraction=d.heldout_fraction,
-                questions_per_type=d.questions_per_type,
-            )
-        )
-        world.write(out)
+        generate(cfg.data.world()).write(out)
     else:
         if not cfg.data.path:
             raise ValueError("data.path must name a HotpotQA file when data.source is 'hotpotqa'")

@@ -23,9 +23,9 @@ def run_episodes(
 
     Each turn, the contexts of the episodes still running go to the engine in one batch; each
     sampled turn is decoded only to be parsed by its environment (the trajectory keeps the ids);
-    episodes that end drop out of the batch. ``max_context_tokens`` stops an episode whose
-    context no longer fits (the environment sees the length and ends it with
-    ``stop_reason="token_budget"``); ``on_turn(turn, n_active)`` reports progress.
+    episodes that end drop out of the batch. An episode whose next turn would not fit in
+    ``max_context_tokens`` is ended with ``stop_reason="token_budget"``; ``on_turn(turn,
+    n_active)`` reports progress.
     """
     tok = context.tokenizer
     envs = [make_env() for _ in tasks]
@@ -68,8 +68,8 @@ def run_episodes(
                 continue
             context.observe(ctxs[i], gen.ids, res.observation)
             if max_context_tokens and len(context.context_ids(ctxs[i])) + params.max_new_tokens > max_context_tokens:
-                # The next turn cannot fit: end the episode now, as the env would at its budget.
-                res = envs[i].step("", context_tokens=max_context_tokens)
+                # The next turn cannot fit in the context: end the episode here.
+                res = envs[i].end("token_budget")
                 trajs[i].final_reward = float(res.info.get("final_reward", 0.0))
                 trajs[i].metrics = _episode_metrics(envs[i], res.info)
                 continue

@@ -1,0 +1,451 @@
+"""A synthetic world for multi-hop QA whose answers can only be found by searching.
+
+Every name (people, films, studios, cities) is made of random syllables, so no language model
+knows the facts: an agent must search the corpus, read a document, and follow the entity it
+names to the next document. The world has
+
+- cities (no document of their own; they are only answers),
+- studios (``studio.city``, distractor founding year),
+- directors (``person.birthplace``, ``person.spouse``, distractor birth year) and their spouses
+  (extra people who are not directors; marriage is symmetric),
+- films (``film.director``, ``film.studio``, distractor year),
+
+and exactly one short document per film, person and studio. Entities are generated as two
+disjoint sub-worlds that share only the cities: ``train`` questions ask about the first,
+``test`` questions about the second (held out), and the corpus holds the documents of both.
+
+Question templates (``QTYPES``) range from 1 to 3 hops; each row carries the chain of entity
+names an oracle searches (``search_chain``) and the titles of the documents on that path
+(``gold_titles``; in this world both lists are the same).
+
+On-disk layout written by ``SyntheticWorld.write`` and read back by ``load_split`` /
+``load_corpus`` (the same layout serves any QA dataset, e.g. HotpotQA)::
+
+    corpus.parquet   doc_id, title, text       (unique doc_id and title; retrievers use both)
+    train.parquet    QUESTION_COLUMNS
+    test.parquet     QUESTION_COLUMNS
+    world.json       the config and the counts
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "CORPUS_COLUMNS",
+    "QTYPES",
+    "QUESTION_COLUMNS",
+    "SPLITS",
+    "SyntheticWorld",
+    "WorldConfig",
+    "generate",
+    "load_corpus",
+    "load_split",
+    "validate_corpus",
+    "validate_questions",
+    "write_corpus",
+    "write_questions",
+]
+
+# --------------------------------------------------------------------------- schema
+
+QUESTION_COLUMNS = (
+    "id", "question", "answers", "hops", "qtype", "gold_titles", "search_chain", "split"
+)
+CORPUS_COLUMNS = ("doc_id", "title", "text")
+
+_QUESTION_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("question", pa.string()),
+    ("answers", pa.list_(pa.string())),
+    ("hops", pa.int64()),
+    ("qtype", pa.string()),
+    ("gold_titles", pa.list_(pa.string())),
+    ("search_chain", pa.list_(pa.string())),
+    ("split", pa.string()),
+])
+_CORPUS_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
+
+SPLITS = ("train", "test")
+
+# qtype -> (hops, question template, relation path from the subject). The subject kind is the
+# first relation's owner; each relation but the last leads to the next document to search.
+QTYPES: dict[str, tuple[int, str, tuple[str, ...]]] = {
+    "director": (1, "Who directed {}?", ("director",)),
+    "birthplace": (1, "Where was {} born?", ("birthplace",)),
+    "spouse": (1, "Who is {} married to?", ("spouse",)),
+    "studio": (1, "Which studio produced {}?", ("studio",)),
+    "studio_city": (1, "Where is {} based?", ("city",)),
+    "director_birthplace": (2, "Where was the director of {} born?", ("director", "birthplace")),
+    "director_spouse": (2, "Who is the director of {} married to?", ("director", "spouse")),
+    "studio_city_of_film": (2, "Where is the studio that produced {} based?", ("studio", "city")),
+    "director_spouse_birthplace": (
+        3, "Where was the spouse of the director of {} born?", ("director", "spouse", "birthplace")
+    ),
+}
+_SUBJECT_KIND = {"director": "film", "studio": "film", "birthplace": "person", "spouse": "person",
+                 "city": "studio"}  # first relation -> the kind of entity the question names
+_TARGET_KIND = {"director": "person", "spouse": "person", "studio": "studio"}  # others: a city
+
+
+# --------------------------------------------------------------------------- config & world
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """Sizes of the synthetic world.
+
+    ``n_films``, ``n_directors`` and ``n_studios`` count both sub-worlds together;
+    ``heldout_fraction`` of each goes to the held-out (test) sub-world. Every director gets a
+    spouse (so people = 2 * n_directors). ``questions_per_type`` caps the questions of each
+    template per split: None = one question per eligible subject entity, an int = that many
+    (sampled) per template, a dict = {qtype: cap} (templates not named get none).
+    """
+
+    seed: int = 0
+    n_films: int = 320
+    n_directors: int = 120
+    n_studios: int = 20
+    n_cities: int = 24
+    heldout_fraction: float = 0.25
+    questions_per_type: int | dict[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        # films, directors and studios: at least one in each sub-world
+        for name, least in (("n_films", 2), ("n_directors", 2), ("n_studios", 2), ("n_cities", 1)):
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"WorldConfig.{name} must be >= {least}, got {value}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(
+                f"WorldConfig.heldout_fraction must be in (0, 1), got {self.heldout_fraction}"
+            )
+        q = self.questions_per_type
+        if isinstance(q, dict):
+            unknown = sorted(set(q) - set(QTYPES))
+            if unknown:
+                raise ValueError(
+                    f"WorldConfig.questions_per_type: unknown qtype(s) {unknown}; "
+                    f"valid: {', '.join(QTYPES)}"
+                )
+            if any(v < 0 for v in q.values()):
+                raise ValueError("WorldConfig.questions_per_type: caps must be >= 0")
+        elif q is not None and q < 0:
+            raise ValueError("WorldConfig.questions_per_type must be >= 0")
+
+
+@dataclass
+class SyntheticWorld:
+    config: WorldConfig
+    corpus: pd.DataFrame  # CORPUS_COLUMNS, one row per film, person and studio
+    questions: pd.DataFrame  # QUESTION_COLUMNS, all splits
+    counts: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write corpus.parquet, train.parquet, test.parquet and world.json into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_corpus(self.corpus, out / "corpus.parquet")
+        for split in SPLITS:
+            rows = self.questions[self.questions["split"] == split].reset_index(drop=True)
+            write_questions(rows, out / f"{split}.parquet")
+        meta = {"config": asdict(self.config), "counts": self.counts}
+        (out / "world.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return out
+
+
+# --------------------------------------------------------------------------- names
+
+_ONSETS = ["b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
+           "br", "dr", "gr", "kr", "st", "tr", "sk"]
+_ONSETS_AFTER_CODA = ["b", "d", "g", "k", "l", "m", "n", "p", "t", "v"]  # no "sr", "kz", ...
+_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "k", "m"]
+_CITY_ENDINGS = ["", "", "ton", "vik", "mar", "dor"]
+_STUDIO_SUFFIXES = ["Pictures", "Studios", "Films"]
+# Words used by the templates: a generated name must never be one of them.
+_TEMPLATE_WORDS = frozenset(
+    "a an the is it was by in to of who where which what film films studio studios pictures "
+    "director directed produced born married based founded runs minutes shot days won awards "
+    "speaks languages has have owns sound stages employs people spouse".split()
+)
+
+
+class _Names:
+    """Unique pronounceable words; no word is a substring of another (so no name is a
+    substring of another name, at the token or the character level)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.words: list[str] = []
+
+    def _syllable(self, after_coda: bool) -> tuple[str, bool]:
+        onset = self.rng.choice(_ONSETS_AFTER_CODA if after_coda else _ONSETS)
+        coda = self.rng.choice(_CODAS)
+        return onset + self.rng.choice(_VOWELS) + coda, coda != ""
+
+    def word(self, n_syllables: int = 2, endings: list[str] | None = None) -> str:
+        for _ in range(10_000):
+            parts, coda = [], False
+            for _ in range(n_syllables):
+                syl, coda = self._syllable(coda)
+                parts.append(syl)
+            w = "".join(parts) + (self.rng.choice(endings) if endings else "")
+            if w in _TEMPLATE_WORDS or any(w in o or o in w for o in self.words):
+                continue
+            self.words.append(w)
+            return w.capitalize()
+        raise RuntimeError("could not find a fresh name; the world is too large for the syllables")
+
+    def person(self) -> str:
+        return f"{self.word()} {self.word()}"
+
+    def film(self) -> str:
+        return f"{self.word()} {self.word()}"
+
+    def studio(self) -> str:
+        return f"{self.word()} {self.rng.choice(_STUDIO_SUFFIXES)}"
+
+    def city(self) -> str:
+        return self.word(2, _CITY_ENDINGS)
+
+
+# --------------------------------------------------------------------------- generation
+
+_PROFESSIONS = ["an architect", "a painter", "a teacher", "a novelist", "a physician",
+                "a composer", "an engineer", "a photographer"]
+_FILM_EXTRAS = ["The film runs {} minutes.", "The film was shot in {} days."]
+_PERSON_EXTRAS = ["{} has won {} awards.", "{} speaks {} languages."]
+_STUDIO_EXTRAS = ["{} employs {} people.", "{} owns {} sound stages."]
+
+
+def _spread(rng: random.Random, n_items: int, n_slots: int) -> list[int]:
+    """Assign each of n_items to a slot, covering every slot when n_items >= n_slots."""
+    slots = list(range(n_slots))[:n_items]
+    slots += [rng.randrange(n_slots) for _ in range(n_items - n_slots)]
+    rng.shuffle(slots)
+    return slots
+
+
+def _sub_world(rng, names, cities, n_films, n_directors, n_studios) -> dict[str, dict]:
+    """Entities of one sub-world: {kind: {name: facts}} for kinds film, person, studio."""
+    studios = {}
+    for _ in range(n_studios):
+        studios[names.studio()] = {"city": rng.choice(cities), "founded": rng.randint(1900, 1990)}
+    people, directors = {}, []
+    for _ in range(n_directors):
+        d, s = names.person(), names.person()
+        year = rng.randint(1900, 1975)
+        people[d] = {"role": "a film director", "born": year, "birthplace": rng.choice(cities),
+                     "spouse": s, "director": True}
+        people[s] = {"role": rng.choice(_PROFESSIONS), "born": year + rng.randint(-6, 6),
+                     "birthplace": rng.choice(cities), "spouse": d, "director": False}
+        directors.append(d)
+    studio_names = list(studios)
+    films = {}
+    for di, si in zip(_spread(rng, n_films, n_directors), _spread(rng, n_films, n_studios)):
+        director = directors[di]
+        films[names.film()] = {"director": director, "studio": studio_names[si],
+                               "year": min(2024, people[director]["born"] + rng.randint(25, 55))}
+    return {"film": films, "person": people, "studio": studios}
+
+
+def _documents(rng: random.Random, world: dict[str, dict]) -> dict[str, tuple[str, str]]:
+    """title -> (kind, text) for every film, person and studio of a sub-world."""
+    docs = {}
+    for name, f in world["film"].items():
+        docs[name] = "film", (f"{name} is a {f['year']} film directed by {f['director']}. "
+                      f"It was produced by {f['studio']}. "
+                      + rng.choice(_FILM_EXTRAS).format(rng.randint(80, 150)))
+    for name, p in world["person"].items():
+        docs[name] = "person", (f"{name} is {p['role']} born in {p['born']}. "
+                      f"{name} was born in {p['birthplace']}. "
+                      f"{name} is married to {p['spouse']}. "
+                      + rng.choice(_PERSON_EXTRAS).format(name, rng.randint(2, 9)))
+    for name, s in world["studio"].items():
+        docs[name] = "studio", (f"{name} is a film studio founded in {s['founded']}. "
+                      f"{name} is based in {s['city']}. "
+                      + rng.choice(_STUDIO_EXTRAS).format(name, rng.randint(2, 40)))
+    return docs
+
+
+def _questions(rng, world, split, caps) -> list[dict]:
+    rows, counters = [], {1: 0, 2: 0, 3: 0}
+    for qtype, (hops, template, path) in QTYPES.items():
+        kind = _SUBJECT_KIND[path[0]]
+        subjects = list(world[kind])
+        cap = caps(qtype)
+        if cap is not None and cap < len(subjects):
+            chosen = set(rng.sample(range(len(subjects)), cap))
+            subjects = [s for i, s in enumerate(subjects) if i in chosen]
+        for subject in subjects:
+            chain, entity, entity_kind = [], subject, kind
+            for relation in path:  # follow the path; every entity visited is a doc to search
+                chain.append(entity)
+                entity = world[entity_kind][entity][relation]
+                entity_kind = _TARGET_KIND.get(relation, "city")
+            rows.append({
+                "id": f"{split}-{hops}hop-{counters[hops]:05d}",
+                "question": template.format(subject),
+                "answers": [entity],
+                "hops": hops,
+                "qtype": qtype,
+                "gold_titles": list(chain),
+                "search_chain": list(chain),
+                "split": split,
+            })
+            counters[hops] += 1
+    return rows
+
+
+def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
+    """Build the world for ``cfg`` (deterministic for a seed)."""
+    cfg = cfg or WorldConfig()
+    rng = random.Random(cfg.seed)
+    names = _Names(rng)
+    cities = [names.city() for _ in range(cfg.n_cities)]
+
+    def heldout(n: int) -> int:
+        return min(n - 1, max(1, round(n * cfg.heldout_fraction)))
+
+    sizes = {"test": (heldout(cfg.n_films), heldout(cfg.n_directors), heldout(cfg.n_studios))}
+    sizes["train"] = tuple(n - h for n, h in zip((cfg.n_films, cfg.n_directors, cfg.n_studios),
+                                                 sizes["test"]))
+    q = cfg.questions_per_type
+
+    def caps(qtype: str) -> int | None:
+        return q.get(qtype, 0) if isinstance(q, dict) else q
+
+    docs: dict[str, tuple[str, str]] = {}  # title -> (kind, text)
+    rows: list[dict] = []
+    counts: dict[str, Any] = {"cities": len(cities), "entities": {}, "questions": {}}
+    for split in SPLITS:
+        sub = _sub_world(rng, names, cities, *sizes[split])
+        docs.update(_documents(rng, sub))
+        split_rows = _questions(rng, sub, split, caps)
+        rows.extend(split_rows)
+        n_dir = sum(p["director"] for p in sub["person"].values())
+        counts["entities"][split] = {"films": len(sub["film"]), "directors": n_dir,
+                                     "spouses": len(sub["person"]) - n_dir,
+                                     "studios": len(sub["studio"])}
+        counts["questions"][split] = {
+            f"{h}hop": sum(r["hops"] == h for r in split_rows) for h in (1, 2, 3)
+        }
+
+    corpus_rows, per_kind = [], {"film": 0, "person": 0, "studio": 0}
+    for title, (kind, text) in sorted(docs.items(), key=lambda kv: (kv[1][0], kv[0])):
+        corpus_rows.append({"doc_id": f"{kind}-{per_kind[kind]:04d}", "title": title, "text": text})
+        per_kind[kind] += 1
+    counts["docs"] = {**per_kind, "total": len(corpus_rows)}
+    corpus = pd.DataFrame(corpus_rows, columns=list(CORPUS_COLUMNS))
+    questions = pd.DataFrame(rows, columns=list(QUESTION_COLUMNS))
+    return SyntheticWorld(config=cfg, corpus=corpus, questions=questions, counts=counts)
+
+
+# --------------------------------------------------------------------------- I/O + validation
+
+
+def _bad(source: str, row: int, column: str, problem: str, value: Any) -> ValueError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return ValueError(f"{source}: row {row}: column {column!r}: {problem} (got {shown})")
+
+
+def _check_columns(df: pd.DataFrame, columns: tuple[str, ...], source: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column(s) {missing}; expected {list(columns)}")
+
+
+def _str_list(value: Any) -> list | None:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip()
+                                                          for v in value):
+        return list(value)
+    return None
+
+
+def validate_questions(df: pd.DataFrame, source: str = "questions") -> pd.DataFrame:
+    """Check a question table; return a clean copy (QUESTION_COLUMNS, python lists, int hops).
+
+    Raises ValueError naming ``source``, the row index and the column of the first bad value.
+    """
+    _check_columns(df, QUESTION_COLUMNS, source)
+    cols = {c: df[c].tolist() for c in QUESTION_COLUMNS}
+    seen: set[str] = set()
+    for i in range(len(df)):
+        for c in ("id", "question", "qtype", "split"):
+            v = cols[c][i]
+            if not isinstance(v, str) or not v.strip():
+                raise _bad(source, i, c, "expected a non-empty string", v)
+        if cols["id"][i] in seen:
+            raise _bad(source, i, "id", "duplicate id", cols["id"][i])
+        seen.add(cols["id"][i])
+        for c in ("answers", "gold_titles", "search_chain"):
+            lst = _str_list(cols[c][i])
+            if lst is None:
+                raise _bad(source, i, c, "expected a non-empty list of non-empty strings",
+                           cols[c][i])
+            cols[c][i] = lst
+        h = cols["hops"][i]
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1:
+            raise _bad(source, i, "hops", "expected an integer >= 1", h)
+        cols["hops"][i] = int(h)
+    out = pd.DataFrame(cols, columns=list(QUESTION_COLUMNS))
+    out["hops"] = out["hops"].astype("int64")
+    return out
+
+
+def validate_corpus(df: pd.DataFrame, source: str = "corpus") -> pd.DataFrame:
+    """Check a corpus table (non-empty strings, unique doc_id and title); return a clean copy."""
+    _check_columns(df, CORPUS_COLUMNS, source)
+    cols = {c: df[c].tolist() for c in CORPUS_COLUMNS}
+    seen: dict[str, set] = {"doc_id": set(), "title": set()}
+    for i in range(len(df)):
+        for c in CORPUS_COLUMNS:
+            v = cols[c][i]
+            if not isinstance(v, str) or not v.strip():
+                raise _bad(source, i, c, "expected a non-empty string", v)
+            if c in seen:
+                if v in seen[c]:
+                    raise _bad(source, i, c, f"duplicate {c}", v)
+                seen[c].add(v)
+    return pd.DataFrame(cols, columns=list(CORPUS_COLUMNS))
+
+
+def write_questions(df: pd.DataFrame, path: str | Path) -> None:
+    """Validate and write a question table to parquet (fixed schema, no index)."""
+    clean = validate_questions(df, str(path))
+    pq.write_table(pa.Table.from_pandas(clean, schema=_QUESTION_SCHEMA, preserve_index=False), path)
+
+
+def write_corpus(df: pd.DataFrame, path: str | Path) -> None:
+    """Validate and write a corpus table to parquet (fixed schema, no index)."""
+    clean = validate_corpus(df, str(path))
+    pq.write_table(pa.Table.from_pandas(clean, schema=_CORPUS_SCHEMA, preserve_index=False), path)
+
+
+def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
+    """Read and validate ``<data_dir>/<split>.parquet``; every row's ``split`` must be ``split``."""
+    path = Path(data_dir) / f"{split}.parquet"
+    df = validate_questions(pq.read_table(path).to_pandas(), str(path))
+    for i, v in enumerate(df["split"].tolist()):
+        if v != split:
+            raise _bad(str(path), i, "split", f"expected {split!r}", v)
+    return df
+
+
+def load_corpus(data_dir: str | Path) -> pd.DataFrame:
+    """Read and validate ``<data_dir>/corpus.parquet``."""
+    path = Path(data_dir) / "corpus.parquet"
+    return validate_corpus(pq.read_table(path).to_pandas(), str(path))

@@ -1,0 +1,91 @@
+"""Multi-hop question answering with a search tool, scored by EM / F1 of the final answer."""
+
+from __future__ import annotations
+
+from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
+from agent_r1.envs.tool_env import ToolEnv
+from agent_r1.rewards import (
+    answer_score,
+    compose_reward,
+    exact_match,
+    f1_score,
+    is_well_formed_answer,
+    retrieval_reward,
+)
+from agent_r1.tools.base import Tool, ToolResult
+
+DEFAULT_SYSTEM_PROMPT = (
+    "Answer the question. Search as needed with "
+    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>, '
+    "then give only the final answer as <answer>...</answer>."
+)
+
+
+class MultiHopQAEnv(ToolEnv):
+    """Tasks are rows with ``question``, ``answers`` (list) and ``gold_titles`` (list).
+
+    Final reward: ``compose_reward(answer_score(answer, answers, answer_metric), well_formed,
+    reward_scheme, format_score)``; an episode that ends without an answer scores as an
+    ill-formed one. Process reward: ``retrieval_bonus`` for each gold document a search retrieves
+    for the first time in the episode.
+    """
+
+    def __init__(
+        self,
+        search_tool: Tool,
+        reward_scheme: str = "agent_r1",
+        answer_metric: str = "em",
+        retrieval_bonus: float = 0.0,
+        format_score: float = 0.0,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+        parser: str | ToolCallParser = "hermes",
+        max_turns: int = 4,
+        max_tool_calls_per_turn: int = 2,
+        max_context_tokens: int | None = None,
+        format_penalty: float = 0.0,
+    ):
+        super().__init__(
+            [search_tool],
+            parser=parser,
+            max_turns=max_turns,
+            max_tool_calls_per_turn=max_tool_calls_per_turn,
+            max_context_tokens=max_context_tokens,
+            system_prompt=system_prompt,
+            format_penalty=format_penalty,
+        )
+        self.search_name = search_tool.name
+        self.reward_scheme = reward_scheme
+        self.answer_metric = answer_metric
+        self.retrieval_bonus = retrieval_bonus
+        self.format_score = format_score
+        self.found_gold: set[str] = set()
+
+    def reset(self, task: dict) -> list[dict]:
+        self.found_gold = set()
+        return super().reset(task)
+
+    def step_reward(self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]]) -> float:
+        """``retrieval_bonus`` per gold title retrieved for the first time (updates `found_gold`)."""
+        reward = 0.0
+        for call, result in results:
+            if call.name == self.search_name and result.error is None:
+                r, self.found_gold = retrieval_reward(
+                    result.info.get("titles", []), self.task["gold_titles"], self.found_gold, self.retrieval_bonus
+                )
+                reward += r
+        return reward
+
+    def final_reward(self, answer: str | None, action_text: str) -> tuple[float, dict]:
+        golds = self.task["answers"]
+        well_formed = answer is not None and is_well_formed_answer(action_text)
+        reward = compose_reward(
+            answer_score(answer, golds, self.answer_metric), well_formed, self.reward_scheme, self.format_score
+        )
+        n_gold = len(set(self.task["gold_titles"]))
+        return reward, {
+            "answer": answer,
+            "em": exact_match(answer, golds),
+            "f1": f1_score(answer, golds),
+            "found_gold": len(self.found_gold),
+            "gold_recall": len(self.found_gold) / n_gold if n_gold else 0.0,
+        }

@@ -1,0 +1,174 @@
+"""ToolEnv: parses a model turn into tool calls, runs them, and returns observations and rewards.
+
+One `step` is one model turn. Nothing the model writes and nothing a tool does raises out of
+`step` (DESIGN.md, contract 3): a malformed turn or a failing tool becomes a "tool" message that
+explains the problem, flagged in `info` and counted in `metrics`, and the episode goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
+from agent_r1.tools.base import Tool, ToolResult, run_tool, validate_arguments
+
+
+@dataclass
+class EnvStep:
+    # chat messages {"role": "tool", "name", "content"}: one per tool call, named after the tool,
+    # and one per format problem not tied to a call, named "error"
+    observation: list[dict]
+    reward: float  # step reward (format penalty + process reward)
+    done: bool
+    info: dict = field(default_factory=dict)
+
+
+_METRICS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncations")
+
+
+class ToolEnv:
+    """A multi-turn tool-use environment.
+
+    A step parses the turn; then:
+      - a well-formed answer ends the episode (``stop_reason="answer"``);
+      - else, if ``context_tokens >= max_context_tokens``, the episode ends (``"token_budget"``)
+        and the turn is neither judged nor run: it was cut off by the budget, and the final
+        reward already scores the missing answer;
+      - else the turn is judged: parse errors (bad JSON, unclosed tag, call and answer together,
+        neither) mean no call of the turn runs; an unknown tool, invalid arguments, or calls
+        beyond ``max_tool_calls_per_turn`` fail individually while the other calls run. Any of
+        these makes the turn a format error (``format_penalty`` added to its reward);
+      - the turn that reaches ``max_turns`` without an answer ends the episode (``"max_turns"``).
+
+    Subclasses build prompts in `reset` and rewards in `step_reward` / `final_reward`.
+    """
+
+    def __init__(
+        self,
+        tools: list[Tool],
+        parser: str | ToolCallParser = "hermes",
+        max_turns: int = 4,
+        max_tool_calls_per_turn: int = 2,
+        max_context_tokens: int | None = None,
+        system_prompt: str | None = None,
+        format_penalty: float = 0.0,
+    ):
+        self.tools = {t.name: t for t in tools}
+        self.parser = get_parser(parser) if isinstance(parser, str) else parser
+        self.max_turns = max_turns
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
+        self.max_context_tokens = max_context_tokens
+        self.system_prompt = system_prompt
+        self.format_penalty = format_penalty
+        self.task: dict = {}
+        self.metrics: dict[str, int] = dict.fromkeys(_METRICS, 0)
+        self.done = False
+
+    @property
+    def tool_schemas(self) -> list[dict]:
+        """The tools' function schemas, for ``apply_chat_template(..., tools=...)``."""
+        return [t.schema for t in self.tools.values()]
+
+    def reset(self, task: dict) -> list[dict]:
+        """Start an episode; returns the initial chat messages (system prompt, if any, and the
+        task's ``prompt`` or ``question`` as the user message)."""
+        self.task = task
+        self.metrics = dict.fromkeys(_METRICS, 0)
+        self.done = False
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": task.get("prompt") or task["question"]}]
+
+    def step(self, action_text: str, context_tokens: int | None = None) -> EnvStep:
+        """Apply one model turn (see the class docstring). `context_tokens` is the length of the
+        context plus this turn, as counted by the rollout loop."""
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.metrics["turns"] += 1
+        parsed = self.parser.parse(action_text)
+        info: dict = {
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls],
+            "answer": None,
+            "format_error": False,
+            "tool_errors": 0,
+            "timed_out": 0,
+            "truncated": 0,
+            "errors": [],
+        }
+        if parsed.answer is not None and not parsed.errors:
+            info["answer"] = parsed.answer
+            return self._finish([], self.step_reward(parsed, []), info, "answer", action_text)
+        if None not in (self.max_context_tokens, context_tokens) and context_tokens >= self.max_context_tokens:
+            return self._finish([], 0.0, info, "token_budget", action_text)
+
+        observation, results = self._run_turn(parsed, info)
+        m = self.metrics
+        m["tool_calls"] += len(results)
+        m["format_errors"] += int(info["format_error"])
+        m["tool_errors"] += info["tool_errors"]
+        m["timeouts"] += info["timed_out"]
+        m["truncations"] += info["truncated"]
+        reward = self.step_reward(parsed, results) + (self.format_penalty if info["format_error"] else 0.0)
+        if self.metrics["turns"] >= self.max_turns:
+            return self._finish(observation, reward, info, "max_turns", action_text)
+        return EnvStep(observation, reward, False, info)
+
+    def _run_turn(
+        self, parsed: ParsedTurn, info: dict
+    ) -> tuple[list[dict], list[tuple[ToolCall, ToolResult]]]:
+        """Run the turn's valid calls; returns the observation and the (call, result) pairs run.
+        Records every problem in ``info["errors"]``, format problems in ``info["format_error"]``."""
+
+        def error(message: str, name: str = "error") -> dict:
+            info["errors"].append(message)
+            info["format_error"] = True
+            return {"role": "tool", "name": name, "content": f"Error: {message}"}
+
+        if parsed.errors:
+            return [error(e) for e in parsed.errors], []
+        observation, results = [], []
+        calls = parsed.tool_calls[: self.max_tool_calls_per_turn]
+        for call in calls:
+            tool = self.tools.get(call.name)
+            if tool is None:
+                known = ", ".join(self.tools)
+                observation.append(error(f"unknown tool '{call.name}'. Available tools: {known}", call.name))
+                continue
+            if (problem := validate_arguments(tool.parameters, call.arguments)) is not None:
+                observation.append(error(f"invalid arguments for tool '{call.name}': {problem}", call.name))
+                continue
+            result = run_tool(tool, call.arguments)
+            results.append((call, result))
+            observation.append({"role": "tool", "name": call.name, "content": result.text})
+            if result.error is not None:
+                info["errors"].append(result.error)
+                info["tool_errors"] += 1
+            info["timed_out"] += result.timed_out
+            info["truncated"] += result.truncated
+        if len(parsed.tool_calls) > len(calls):
+            extra = len(parsed.tool_calls) - len(calls)
+            limit = self.max_tool_calls_per_turn
+            observation.append(error(f"at most {limit} tool calls per turn; ignored the last {extra}"))
+        return observation, results
+
+    def end(self, stop_reason: str) -> EnvStep:
+        """End the episode without a turn (the rollout loop's call when the next turn cannot fit)."""
+        if self.done:
+            raise RuntimeError("end() called on a finished episode")
+        info = {"tool_calls": [], "answer": None, "format_error": False, "tool_errors": 0, "errors": []}
+        return self._finish([], 0.0, info, stop_reason, "")
+
+    def _finish(
+        self, observation: list[dict], reward: float, info: dict, stop_reason: str, action_text: str
+    ) -> EnvStep:
+        self.done = True
+        final, extra = self.final_reward(info["answer"], action_text)
+        info.update(extra, final_reward=final, stop_reason=stop_reason)
+        return EnvStep(observation, reward, True, info)
+
+    def step_reward(self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]]) -> float:
+        """Process reward of a turn from the calls that ran (the format penalty is added apart)."""
+        return 0.0
+
+    def final_reward(self, answer: str | None, action_text: str) -> tuple[float, dict]:
+        """Outcome reward when the episode ends (`answer` is None without one) and info extras."""
+        return 0.0, {}

@@ -1,0 +1,212 @@
+"""Tools: typed Python functions whose JSON schema is derived, run so that they never crash an episode.
+
+A tool is a plain function with type hints and a Google-style docstring::
+
+    @tool(timeout_s=5.0)
+    def lookup(key: str) -> str:
+        '''Look a key up in the table.
+
+        Args:
+            key: The key to look up.
+        '''
+
+`run_tool` validates the model's arguments against the derived schema, runs the function in a
+worker thread under the tool's timeout, truncates long output, and turns every failure into a
+`ToolResult` with an `error` (DESIGN.md, contract 3): it never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from transformers.utils import get_json_schema
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool function may return instead of a plain `str`: the text the model sees plus
+    structured extras for rewards and metrics (e.g. the titles a search retrieved)."""
+
+    text: str
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one tool call. On failure `error` holds the reason and `text` is
+    ``"Error: <reason>"``, so `text` is always the observation to show the model."""
+
+    text: str
+    info: dict = field(default_factory=dict)
+    error: str | None = None
+    truncated: bool = False
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One capability the agent can call. `parameters` is the JSON schema of `fn`'s arguments."""
+
+    fn: Callable[..., str | ToolOutput]
+    name: str
+    description: str
+    parameters: dict
+    timeout_s: float = 10.0
+    max_output_chars: int = 2000
+
+    @property
+    def schema(self) -> dict:
+        """The function-tool dict for ``tokenizer.apply_chat_template(..., tools=[...])``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def tool(
+    fn: Callable | None = None,
+    *,
+    name: str | None = None,
+    timeout_s: float = 10.0,
+    max_output_chars: int = 2000,
+) -> Tool | Callable[[Callable], Tool]:
+    """Make a `Tool` from a typed function with a Google-style docstring; usable as ``@tool`` or
+    ``@tool(timeout_s=...)``. Raises transformers' parsing errors if a hint or an argument's
+    description is missing."""
+
+    def make(f: Callable) -> Tool:
+        spec = get_json_schema(f)["function"]
+        return Tool(
+            fn=f,
+            name=name or spec["name"],
+            description=spec["description"] or "",
+            parameters=spec["parameters"],
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+        )
+
+    return make if fn is None else make(fn)
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _json_type_name(value: Any) -> str:
+    return next((t for t, check in _JSON_TYPES.items() if check(value)), type(value).__name__)
+
+
+def _type_error(value: Any, schema: dict) -> str | None:
+    """Why `value` does not match `schema` (type, nullable, enum, anyOf, array items), or None."""
+    if value is None and schema.get("nullable"):
+        return None
+    if "anyOf" in schema:
+        if any(_type_error(value, s) is None for s in schema["anyOf"]):
+            return None
+        return "matches none of its allowed types"
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        if not any(_JSON_TYPES.get(t, lambda v: True)(value) for t in types):
+            return f"must be {' or '.join(types)}, got {_json_type_name(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"must be one of {schema['enum']}, got {value!r}"
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            if (err := _type_error(item, schema["items"])) is not None:
+                return f"item {i} {err}"
+    return None
+
+
+def validate_arguments(parameters: dict, arguments: Any) -> str | None:
+    """Check tool-call arguments against a tool's `parameters` schema; return the first problem
+    (naming the argument) or None when they are valid."""
+    if not isinstance(arguments, dict):
+        return f"arguments must be a JSON object, got {_json_type_name(arguments)}"
+    properties = parameters.get("properties", {})
+    for key, value in arguments.items():
+        if key not in properties:
+            return f"unknown argument '{key}' (expected: {', '.join(properties) or 'no arguments'})"
+        if (err := _type_error(value, properties[key])) is not None:
+            return f"argument '{key}' {err}"
+    for key in parameters.get("required", []):
+        if key not in arguments:
+            return f"missing required argument '{key}'"
+    return None
+
+
+def _truncate(text: str, limit: int) -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    return f"{text[:limit]}… [truncated {len(text) - limit} chars]", True
+
+
+def run_tool(tool: Tool, arguments: Any) -> ToolResult:
+    """Validate `arguments`, call the tool under its timeout, and return a `ToolResult`. Never raises.
+
+    The call runs in a daemon thread. Python cannot kill a thread, so a tool that hangs past
+    `timeout_s` is abandoned: its thread keeps running in the background (and dies with the
+    process) while the episode goes on with a timeout error.
+    """
+    if (problem := validate_arguments(tool.parameters, arguments)) is not None:
+        return _failure(f"invalid arguments for tool '{tool.name}': {problem}")
+
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["output"] = tool.fn(**arguments)
+        except BaseException as e:  # noqa: BLE001 - any failure of user code becomes an observation
+            box["exception"] = e
+
+    worker = threading.Thread(target=call, name=f"tool-{tool.name}", daemon=True)
+    worker.start()
+    worker.join(tool.timeout_s)
+    if worker.is_alive():
+        return _failure(f"tool '{tool.name}' timed out after {tool.timeout_s:g} s", timed_out=True)
+    if "exception" in box:
+        e = box["exception"]
+        message, _ = _truncate(str(e), tool.max_output_chars)
+        return _failure(f"tool '{tool.name}' raised {type(e).__name__}: {message}")
+
+    output = box["output"]
+    if isinstance(output, ToolOutput):
+        text, info = output.text, output.info
+    elif isinstance(output, str):
+        text, info = output, {}
+    else:
+        return _failure(f"tool '{tool.name}' returned {type(output).__name__}, expected str or ToolOutput")
+    text, truncated = _truncate(text, tool.max_output_chars)
+    return ToolResult(text=text, info=info, truncated=truncated)
+
+
+def _failure(error: str, timed_out: bool = False) -> ToolResult:
+    return ToolResult(text=f"Error: {error}", error=error, timed_out=timed_out)
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def register_tool(tool: Tool) -> Tool:
+    """Add a tool to `TOOLS` under its name (returns it, so it can wrap a ``@tool``)."""
+    if TOOLS.get(tool.name, tool) is not tool:
+        raise ValueError(f"a different tool named '{tool.name}' is already registered")
+    TOOLS[tool.name] = tool
+    return tool
+
+
+def get_tool(name: str) -> Tool:
+    """The registered tool called `name`; KeyError listing the known names otherwise."""
+    try:
+        return TOOLS[name]
+    except KeyError:
+        raise KeyError(f"unknown tool '{name}'; registered tools: {sorted(TOOLS) or 'none'}") from None

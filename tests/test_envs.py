@@ -1,0 +1,200 @@
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from agent_r1.envs import ENVS, HermesParser, MultiHopQAEnv, ToolEnv, get_parser
+from agent_r1.envs.parsers import ToolCall
+from agent_r1.tools import SearchIndex, ToolOutput, make_search_tool, tool
+
+CORPUS = pd.DataFrame(
+    {
+        "doc_id": [0, 1, 2, 3],
+        "title": ["Mona Lisa", "Louvre", "Danube", "Berlin Wall"],
+        "text": [
+            "A portrait by Leonardo da Vinci, kept at the Louvre.",
+            "The Louvre is an art museum in Paris.",
+            "A river flowing through Vienna and Budapest.",
+            "A barrier that divided Berlin from 1961 to 1989.",
+        ],
+    }
+)
+TASK = {
+    "question": "In which city is the museum that keeps the Mona Lisa?",
+    "answers": ["Paris"],
+    "gold_titles": ["Mona Lisa", "Louvre"],
+}
+
+
+@pytest.fixture(scope="module")
+def search():
+    return make_search_tool(SearchIndex(CORPUS), top_k=1)
+
+
+def call(name, **arguments):
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def test_malformed_turns_never_crash_the_episode(search):
+    @tool(name="search", timeout_s=0.2, max_output_chars=40)
+    def flaky_search(query: str) -> ToolOutput:
+        """Search, except that "boom" raises and "hang" hangs.
+
+        Args:
+            query: The query.
+        """
+        if query == "boom":
+            raise RuntimeError("index offline")
+        if query == "hang":
+            time.sleep(3)
+        return search.fn(query)
+
+    env = MultiHopQAEnv(flaky_search, max_turns=10, retrieval_bonus=0.5, format_penalty=-0.1)
+    env.reset(TASK)
+    turns = [
+        ('<tool_call>{"name": "search", "arguments": {"query": }</tool_call>', "Error: invalid JSON in <tool_call>"),
+        (call("serch", query="Louvre"), "Error: unknown tool 'serch'. Available tools: search"),
+        (call("search", q="Louvre"), "Error: invalid arguments for tool 'search': unknown argument 'q'"),
+        (call("search", query="boom"), "Error: tool 'search' raised RuntimeError: index offline"),
+        (call("search", query="hang"), "Error: tool 'search' timed out after 0.2 s"),
+        (call("search", query="Mona Lisa portrait"), "(1) Mona Lisa: A portrait by Leonardo"),
+    ]
+    rewards = []
+    start = time.perf_counter()
+    for text, expected in turns:
+        res = env.step(text)
+        assert not res.done
+        assert len(res.observation) == 1 and res.observation[0]["role"] == "tool"
+        assert res.observation[0]["content"].startswith(expected)
+        rewards.append(res.reward)
+    assert time.perf_counter() - start < 2.0
+    assert res.info["truncated"] == 1 and res.observation[0]["content"].endswith("chars]")
+    assert rewards == [-0.1, -0.1, -0.1, 0.0, 0.0, 0.5]
+
+    end = env.step("<answer>Paris</answer>")
+    assert end.done and end.observation == [] and end.info["stop_reason"] == "answer"
+    assert end.info["final_reward"] == 1.0 and end.info["em"] == 1.0 and end.info["found_gold"] == 1
+    assert env.metrics == {"turns": 7, "tool_calls": 3, "format_errors": 3, "tool_errors": 2,
+                           "timeouts": 1, "truncations": 1}
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("<answer>Paris</answer>")
+    env.reset(TASK)
+    assert set(env.metrics.values()) == {0}
+
+
+def test_step_info_flags(search):
+    env = ToolEnv([search])
+    env.reset({"prompt": "hi"})
+    info = env.step(call("search", query=7)).info
+    assert info["format_error"] and info["tool_calls"] == [{"name": "search", "arguments": {"query": 7}}]
+    assert info["errors"] == ["invalid arguments for tool 'search': argument 'query' must be string, got integer"]
+    assert (info["answer"], info["tool_errors"], info["timed_out"], info["truncated"]) == (None, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        (call("search", query="x") + "<answer>Paris</answer>", "both a tool call and an answer"),
+        ("Let me think.", "no tool call or answer found"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "x"}}', "unclosed <tool_call>"),
+        ("<answer>Paris", "unclosed <answer>"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'string "name"'),
+        ('<tool_call>{"name": "search", "arguments": "x"}</tool_call>', '"arguments" of tool \'search\''),
+    ],
+)
+def test_format_errors_do_not_end_the_episode(search, text, error):
+    env = MultiHopQAEnv(search, format_penalty=-0.5)
+    env.reset(TASK)
+    res = env.step(text)
+    assert not res.done and res.info["format_error"] and res.reward == -0.5
+    assert error in res.observation[0]["content"] and env.metrics["tool_calls"] == 0
+
+
+def test_hermes_parser_accepts_whitespace_and_several_calls():
+    text = 'Searching.\n<tool_call>\n{"name": "search",\n "arguments": {"query": "a\nb"}}\n</tool_call>\n<tool_call>{"name": "f"}</tool_call>'
+    turn = HermesParser().parse(text)
+    assert turn.tool_calls == [ToolCall("search", {"query": "a\nb"}), ToolCall("f", {})]
+    assert turn.answer is None and turn.errors == []
+    assert HermesParser().parse("<answer> x </answer> <answer>Paris</answer>").answer == "Paris"
+    assert isinstance(get_parser("hermes"), HermesParser)
+    with pytest.raises(KeyError, match="hermes"):
+        get_parser("json")
+
+
+def test_several_tool_calls_give_several_messages(search):
+    env = MultiHopQAEnv(search, max_tool_calls_per_turn=2)
+    env.reset(TASK)
+    res = env.step(call("search", query="Louvre") + "\n" + call("search", query="Danube"))
+    assert [m["name"] for m in res.observation] == ["search", "search"]
+    assert res.observation[0]["content"].startswith("(1) Louvre") and "Danube" in res.observation[1]["content"]
+    assert not res.info["format_error"] and env.metrics["tool_calls"] == 2
+
+    res = env.step(call("search", query="a") + call("search", query="b") + call("search", query="c"))
+    assert len(res.observation) == 3 and res.info["format_error"]
+    assert res.observation[2]["content"] == "Error: at most 2 tool calls per turn; ignored the last 1"
+    assert env.metrics["tool_calls"] == 4
+
+
+def test_max_turns_ends_the_episode(search):
+    env = MultiHopQAEnv(search, max_turns=2)
+    env.reset(TASK)
+    assert not env.step(call("search", query="Louvre")).done
+    res = env.step(call("search", query="Mona Lisa"))
+    assert res.done and res.info["stop_reason"] == "max_turns"
+    assert len(res.observation) == 1  # the last turn's calls still run
+    assert res.info["final_reward"] == -1.0 and res.info["em"] == 0.0 and res.info["f1"] == 0.0
+    assert res.info["answer"] is None and res.info["gold_recall"] == 1.0
+
+
+def test_token_budget_ends_the_episode(search):
+    env = MultiHopQAEnv(search, max_context_tokens=100, format_penalty=-0.5)
+    env.reset(TASK)
+    assert not env.step(call("search", query="Louvre"), context_tokens=99).done
+    res = env.step("cut off mid-sentence", context_tokens=100)
+    assert res.done and res.info["stop_reason"] == "token_budget" and res.observation == []
+    assert res.reward == 0.0 and not res.info["format_error"]  # a cut-off turn is not judged
+    assert res.info["final_reward"] == -1.0
+    env.reset(TASK)  # an answer in the turn that fills the budget still counts
+    res = env.step("<answer>Paris</answer>", context_tokens=500)
+    assert res.info["stop_reason"] == "answer" and res.info["final_reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "text, kwargs, reward, em",
+    [
+        ("<answer>Paris</answer>", {}, 1.0, 1.0),
+        ("It is <answer> paris. </answer>", {}, 1.0, 1.0),
+        ("<answer>Lyon</answer>", {}, 0.0, 0.0),
+        ("<answer>Lyon</answer><answer>Paris</answer>", {}, -1.0, 1.0),  # two answers: ill-formed
+        ("<answer>Lyon</answer><answer>Paris</answer>", {"format_score": 0.2}, -0.8, 1.0),
+        ("<answer>Paris France</answer>", {"answer_metric": "f1"}, 2 / 3, 0.0),
+        ("<answer>Paris France</answer>", {"reward_scheme": "answer_plus_format"}, 0.1, 0.0),
+    ],
+)
+def test_qa_final_reward(search, text, kwargs, reward, em):
+    env = MultiHopQAEnv(search, **kwargs)
+    env.reset(TASK)
+    res = env.step(text)
+    assert res.done and res.info["final_reward"] == pytest.approx(reward) and res.info["em"] == em
+
+
+def test_retrieval_bonus_once_per_gold_document(search):
+    env = MultiHopQAEnv(search, retrieval_bonus=0.25)
+    env.reset(TASK)
+    assert env.step(call("search", query="Louvre museum")).reward == 0.25
+    assert env.step(call("search", query="Louvre museum")).reward == 0.0  # already found
+    assert env.step(call("search", query="Danube") + call("search", query="Mona Lisa")).reward == 0.25
+    end = env.step("<answer>Paris</answer>")
+    assert end.info["found_gold"] == 2 and end.info["gold_recall"] == 1.0
+    env.reset(TASK)  # a new episode finds them afresh
+    assert env.step(call("search", query="Louvre museum")).reward == 0.25
+
+
+def test_reset_builds_the_prompt(search):
+    messages = MultiHopQAEnv(search).reset(TASK)
+    assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"] == TASK["question"]
+    assert len(messages[0]["content"].split()) <= 40
+    assert ToolEnv([search]).reset({"prompt": "Hi"}) == [{"role": "user", "content": "Hi"}]
+    assert ToolEnv([search]).tool_schemas == [search.schema]
+    assert ENVS["multihop_qa"] is MultiHopQAEnv
