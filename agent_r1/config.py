@@ -52,6 +52,9 @@ class EnvConfig(_Strict):
     answer_metric: Literal["em", "f1"] = "em"
     retrieval_bonus: float = 0.0
     format_penalty: float = Field(0.0, le=0)
+    # "default": the env's built-in instruction; null: no system turn (the tiny model learns the
+    # protocol from demonstrations and saves the tokens); any other text is used as it is.
+    system_prompt: str | None = "default"
     tools_in_prompt: bool = False  # list tool schemas in the system turn (hub chat models want this)
     tool_timeout_s: float = Field(5.0, gt=0)
     max_output_chars: int = Field(1200, ge=50)

@@ -20,6 +20,7 @@ from agent_r1.context import make_context_manager
 from agent_r1.data import load_hotpotqa
 from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv
+from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import build_tiny_model, load_model, train_tokenizer
@@ -87,6 +88,7 @@ class Agent:
             answer_metric=e.answer_metric,
             retrieval_bonus=e.retrieval_bonus,
             format_penalty=e.format_penalty,
+            system_prompt=DEFAULT_SYSTEM_PROMPT if e.system_prompt == "default" else e.system_prompt,
         )
 
     def context(self):
