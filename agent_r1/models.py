@@ -28,7 +28,7 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}"
     "{%- for m in messages %}{% if m.role != 'system' %}"
     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{%- endif %}{% endfor %}"
+    "{% endif %}{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

@@ -1,0 +1,216 @@
+"""Rollout throughput: batched episodes (HFEngine) vs one episode at a time (plain model.generate).
+
+    python bench/rollout.py                       # default tiny model, N=64, batch sizes 16/32/64
+    python bench/rollout.py --hidden 384 --layers 6 --heads 6 --kv-heads 2 --ffn 1024
+    python bench/rollout.py --n 32 --batch-sizes 8 32 --repeats 5 --threads 1
+
+Builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
+tokenizer trained on the synthetic QA world's text, and N contexts of 100-200 tokens (varied
+lengths, cut from that text and ending in an assistant-turn header). Then, per repeat and side by
+side in the same process:
+
+- mode A: ``HFEngine(model, tok, max_batch_size=bs).generate(contexts, SamplingParams(...))`` —
+  all N contexts, left-padded into batches of ``bs``, one ``model.generate`` per batch;
+- mode B: a plain loop of ``model.generate`` on one context at a time (batch 1, no padding, no
+  scores), same sampling settings (temperature 1, top_p 1, no top-k, ``max_new_tokens``).
+
+An untrained model rarely samples the end-of-turn token, so by default both modes are forced to a
+fixed length (``generation_config.min_new_tokens = max_new_tokens``, which masks eos until then):
+the token counts of both modes are then equal and exactly N x max_new_tokens. ``--no-force-length``
+lets eos end a sequence early (counted tokens stop at eos, inclusive).
+
+Extra rows: ``B'`` runs HFEngine with max_batch_size=1 (the engine's own per-episode cost, with
+its scores/log-probs); ``sorted by length`` feeds HFEngine the same N contexts sorted by length so
+each batch is left-padded less (``--no-sorted`` skips); ``--static-cache`` adds rows with
+``generation_config.cache_implementation = "static"`` (a preallocated KV cache instead of a
+``torch.cat`` per layer per token).
+
+eps/s = episodes (one generated turn each) per second of wall time; tok/s = generated tokens per
+second (prompt tokens are not counted). ``ratio`` = eps/s of the row / eps/s of mode B, computed
+per repeat (A and B measured back to back), then the median over repeats is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.models import IM_END, IM_START, TinyModelConfig, build_tiny_model, train_tokenizer
+from agent_r1.rollout.engine import HFEngine, SamplingParams
+
+
+def parse_args(argv=None):
+    d = TinyModelConfig()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=64, help="number of contexts / episodes for mode A")
+    p.add_argument("--serial-n", type=int, default=16,
+                   help="contexts run one at a time for mode B per repeat (a subset of the N; its rate is per episode)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64], help="HFEngine max_batch_size values")
+    p.add_argument("--min-ctx", type=int, default=100)
+    p.add_argument("--max-ctx", type=int, default=200)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--no-force-length", action="store_true", help="let eos end a sequence before max_new_tokens")
+    p.add_argument("--no-sorted", dest="sorted", action="store_false",
+                   help="skip the rows that feed HFEngine the contexts sorted by length (less left padding)")
+    p.add_argument("--no-engine-bs1", dest="engine_bs1", action="store_false",
+                   help="skip the row that runs HFEngine with max_batch_size=1 on the serial subset")
+    p.add_argument("--static-cache", action="store_true",
+                   help="also time HFEngine with generation_config.cache_implementation='static' (no KV torch.cat per step)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("model (defaults: TinyModelConfig)")
+    g.add_argument("--vocab", type=int, default=d.vocab_size)
+    g.add_argument("--hidden", type=int, default=d.hidden_size)
+    g.add_argument("--layers", type=int, default=d.num_layers)
+    g.add_argument("--heads", type=int, default=d.num_heads)
+    g.add_argument("--kv-heads", type=int, default=d.num_kv_heads)
+    g.add_argument("--ffn", type=int, default=d.intermediate_size)
+    return p.parse_args(argv)
+
+
+def make_contexts(tok, texts: list[str], n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """N contexts of lo..hi tokens: a user turn of corpus text + an assistant-turn header."""
+    rng = random.Random(seed)
+    stream: list[int] = []
+    for t in texts:
+        stream += tok(t + "\n")["input_ids"]
+    head = tok(f"{IM_START}user\n")["input_ids"]
+    tail = tok(f"{IM_END}\n{IM_START}assistant\n")["input_ids"]
+    out = []
+    for _ in range(n):
+        length = rng.randint(lo, hi)
+        body = length - len(head) - len(tail)
+        start = rng.randrange(0, len(stream) - body)
+        out.append(head + stream[start : start + body] + tail)
+    return out
+
+
+def serial_generate(model, contexts, params: SamplingParams, eos_id: int, pad_id: int) -> int:
+    """Mode B: one plain ``model.generate`` per context; returns generated tokens (to eos, inclusive)."""
+    tokens = 0
+    model.eval()
+    with torch.no_grad():
+        for c in contexts:
+            ids = torch.tensor([c])
+            res = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=params.temperature > 0,
+                temperature=params.temperature if params.temperature > 0 else None,
+                top_p=params.top_p if params.temperature > 0 else None,
+                top_k=None,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=eos_id,
+                pad_token_id=pad_id,
+            )
+            new = res[0, len(c) :].tolist()
+            tokens += new.index(eos_id) + 1 if eos_id in new else len(new)
+    return tokens
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = TinyModelConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
+        num_kv_heads=args.kv_heads, intermediate_size=args.ffn,
+    )
+    world = generate(WorldConfig(seed=args.seed))
+    texts = list(world.corpus["text"]) + list(world.corpus["title"]) + list(world.questions["question"])
+    tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
+    model = build_tiny_model(cfg, tok, seed=args.seed).eval()
+    if not args.no_force_length:
+        model.generation_config.min_new_tokens = args.max_new_tokens
+    contexts = make_contexts(tok, texts, args.n, args.min_ctx, args.max_ctx, args.seed)
+    serial = contexts[: args.serial_n]
+    params = SamplingParams(temperature=args.temperature, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    n_par = sum(p.numel() for p in model.parameters())
+    lens = [len(c) for c in contexts]
+    print(
+        f"machine: {platform.machine()}, os.cpu_count()={os.cpu_count()}, torch {torch.__version__}, "
+        f"threads={torch.get_num_threads()}\nmodel: hidden={cfg.hidden_size} layers={cfg.num_layers} "
+        f"heads={cfg.num_heads}/{cfg.num_kv_heads} ffn={cfg.intermediate_size} vocab={len(tok)} "
+        f"params={n_par / 1e6:.2f}M\ncontexts: N={len(contexts)} lengths {min(lens)}-{max(lens)} "
+        f"(mean {sum(lens) / len(lens):.0f}); max_new_tokens={args.max_new_tokens}, "
+        f"temperature={args.temperature}, forced length={not args.no_force_length}; "
+        f"mode B runs {len(serial)} contexts per repeat; {args.repeats} repeats",
+        flush=True,
+    )
+
+    # (label, batch size shown, episodes, fn -> generated tokens)
+    def engine_run(bs, ctxs, cache=None):
+        eng = HFEngine(model, tok, max_batch_size=bs)
+
+        def run():
+            model.generation_config.cache_implementation = cache
+            try:
+                return sum(len(g.ids) for g in eng.generate(ctxs, params))
+            finally:
+                model.generation_config.cache_implementation = None
+
+        return run
+
+    sorted_ctx = sorted(contexts, key=len)
+    modes = [("B: model.generate, 1 at a time", "1", len(serial), lambda: serial_generate(model, serial, params, eos, pad))]
+    if args.engine_bs1:
+        modes.append(("B': HFEngine, max_batch_size=1", "1", len(serial), engine_run(1, serial)))
+    for bs in args.batch_sizes:
+        modes.append(("A: HFEngine batched", str(bs), len(contexts), engine_run(bs, contexts)))
+        if args.sorted:
+            modes.append(("A: HFEngine batched, sorted by length", str(bs), len(contexts), engine_run(bs, sorted_ctx)))
+        if args.static_cache:
+            modes.append(("A: HFEngine batched, static KV cache", str(bs), len(contexts), engine_run(bs, contexts, "static")))
+
+    # warm-up (first-call allocations, lazy imports)
+    HFEngine(model, tok, max_batch_size=4).generate(contexts[:4], params)
+
+    results: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(modes))}  # (eps/s, tok/s)
+    ratios: dict[int, list[float]] = {i: [] for i in range(len(modes))}
+    t_start = time.perf_counter()
+    for r in range(args.repeats):
+        order = list(range(len(modes)))
+        if r % 2:  # alternate the order so drift on a shared machine does not favour one mode
+            order.reverse()
+        rep: dict[int, tuple[float, float]] = {}
+        for i in order:
+            _, _, n_eps, fn = modes[i]
+            torch.manual_seed(args.seed + r)
+            t0 = time.perf_counter()
+            n_tok = fn()
+            dt = time.perf_counter() - t0
+            rep[i] = (n_eps / dt, n_tok / dt)
+            results[i].append(rep[i])
+        for i in rep:
+            ratios[i].append(rep[i][0] / rep[0][0])
+        print(f"repeat {r + 1}/{args.repeats} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Rollout throughput (median of {args.repeats} repeats)")
+    for col in ("mode", "N episodes", "batch size", "eps/s", "gen tok/s", "ratio vs B", "ratio min-max"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for i, (label, bs, n_eps, _) in enumerate(modes):
+        eps = statistics.median(x[0] for x in results[i])
+        tps = statistics.median(x[1] for x in results[i])
+        rs = ratios[i]
+        table.add_row(label, str(n_eps), bs, f"{eps:.2f}", f"{tps:.0f}", f"{statistics.median(rs):.1f}x",
+                      f"{min(rs):.1f}-{max(rs):.1f}")
+    Console(width=160).print(table)
+    best = max(statistics.median(ratios[i]) for i in range(1, len(modes))) if len(modes) > 1 else 0
+    print(f"issue goal: batched/serial ratio >= 5x -> best median ratio {best:.1f}x "
+          f"({'met' if best >= 5 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

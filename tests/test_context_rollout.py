@@ -1,0 +1,270 @@
+"""Context managers, the HF rollout engine, the agent loop, and token-in-token-out end to end."""
+
+import pytest
+import torch
+
+from agent_r1.config import RLConfig
+from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
+from agent_r1.envs import MultiHopQAEnv, ToolEnv
+from agent_r1.learner import token_logprobs
+from agent_r1.rl import annotate
+from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
+from agent_r1.tools import SearchIndex, make_search_tool
+from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the Louvre?"}]
+
+
+def tool_msg(text):
+    return [{"role": "tool", "name": "search", "content": text}]
+
+
+# ------------------------------------------------------------------------------- context
+
+
+def test_observation_renderer_ids_hold_content_and_end_with_generation_prompt(tok):
+    r = ObservationRenderer(tok)
+    ids = r.ids(tool_msg("(1) Louvre: an art museum in Paris."))
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert "(1) Louvre: an art museum in Paris." in text
+    assert text.lstrip().startswith("<|im_start|>tool\n")  # right after the action's end-of-turn token
+    assert text.endswith("<|im_start|>assistant\n")
+    assert ids[0] != tok.eos_token_id  # an ended action already holds its eos
+
+
+def test_full_history_context_is_prompt_actions_and_observations(tok):
+    cm = ContextManager(tok)
+    ctx = cm.start(MESSAGES)
+    prompt = list(ctx.prompt_ids)
+    assert tok.decode(prompt, skip_special_tokens=False) == tok.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    )
+    eos = tok.eos_token_id
+    a0 = tok.encode("<tool_call>x</tool_call>") + [eos]
+    a1 = tok.encode("<tool_call>y</tool_call>") + [eos]
+    cm.observe(ctx, a0, tool_msg("first"))
+    cm.observe(ctx, a1, tool_msg("second"))
+    o0, o1 = cm.renderer.ids(tool_msg("first")), cm.renderer.ids(tool_msg("second"))
+    ids = cm.context_ids(ctx)
+    assert ids == prompt + a0 + o0 + a1 + o1
+    # the pieces render the same text as the chat template applied to the whole conversation
+    conv = MESSAGES + [
+        {"role": "assistant", "content": "<tool_call>x</tool_call>"},
+        *tool_msg("first"),
+        {"role": "assistant", "content": "<tool_call>y</tool_call>"},
+        *tool_msg("second"),
+    ]
+    assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(
+        conv, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_sliding_window_keeps_prompt_and_last_k_turns(tok):
+    cm = SlidingWindow(tok, window=2)
+    ctx = cm.start(MESSAGES)
+    eos = tok.eos_token_id
+    turns = []
+    for k in range(4):
+        a = tok.encode(f"call {k}") + [eos]
+        cm.observe(ctx, a, tool_msg(f"obs {k}"))
+        turns.append(a + cm.renderer.ids(tool_msg(f"obs {k}")))
+    assert cm.context_ids(ctx) == ctx.prompt_ids + turns[2] + turns[3]
+    with pytest.raises(ValueError, match="window"):
+        SlidingWindow(tok, window=0)
+
+
+def test_turn_cut_at_max_new_tokens_gets_eos_in_observation_not_action(tok):
+    cm = ContextManager(tok)
+    ctx = cm.start(MESSAGES)
+    cut = tok.encode("<tool_call>{\"name")  # no eos: generation was cut off
+    cm.observe(ctx, cut, tool_msg("Error: unclosed"))
+    action, obs = ctx.turns[0]
+    assert action == cut  # the action is left exactly as sampled
+    assert obs == [tok.eos_token_id] + cm.renderer.ids(tool_msg("Error: unclosed"))
+    ended = cut + [tok.eos_token_id]
+    cm.observe(ctx, ended, tool_msg("ok"))
+    assert ctx.turns[1] == (ended, cm.renderer.ids(tool_msg("ok")))
+
+
+# ------------------------------------------------------------------------------- engine
+
+
+def _contexts(tok):
+    texts = ["the Louvre is in", "Which river flows through Vienna and Budapest?", "a", "Paris", "search answer"]
+    return [tok.encode(t) for t in texts + ["museum of the city", "query name tool", "1989"]]
+
+
+def test_hf_engine_batched_greedy_equals_sequential_and_logprobs_match_teacher_forcing(tok, make_model):
+    model = make_model(seed=3, std=0.3)
+    with torch.no_grad():  # make the end-of-turn token likely enough that some turns end early
+        model.model.embed_tokens.weight[tok.eos_token_id] *= 2
+    engine = HFEngine(model, tok)
+    contexts = _contexts(tok)
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    gens = engine.generate(contexts, params)
+    # the batch mixes turns that end early (rows go on being padded) and turns cut at 8 tokens
+    assert {g.finished for g in gens} == {True, False}
+    assert len({len(g.ids) for g in gens}) >= 2
+    model.eval()
+    for ctx, gen in zip(contexts, gens):
+        x = torch.tensor([ctx])
+        ref = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8)
+        ref_ids = ref[0, len(ctx) :].tolist()
+        if tok.eos_token_id in ref_ids:
+            ref_ids = ref_ids[: ref_ids.index(tok.eos_token_id) + 1]
+        assert gen.ids == ref_ids
+        assert gen.finished == (gen.ids[-1] == tok.eos_token_id)
+        assert gen.finished or len(gen.ids) == 8
+        assert len(gen.logprobs) == len(gen.ids)
+        assert all(lp <= 0 for lp in gen.logprobs)
+        full = torch.tensor([ctx + gen.ids])
+        tf = token_logprobs(model, full, torch.ones_like(full))[0, len(ctx) :]
+        assert torch.allclose(torch.tensor(gen.logprobs), tf, atol=1e-4)
+    # small batches give the same result as one batch
+    small = HFEngine(model, tok, max_batch_size=3).generate(contexts, params)
+    assert [g.ids for g in small] == [g.ids for g in gens]
+
+
+def test_hf_engine_sampling_logprobs_are_the_tempered_distribution(tok, make_model):
+    model = make_model(seed=3, std=0.3)
+    engine = HFEngine(model, tok)
+    contexts = _contexts(tok)
+    for temp in (1.0, 0.5):
+        torch.manual_seed(0)
+        gens = engine.generate(contexts, SamplingParams(temperature=temp, top_p=1.0, max_new_tokens=5))
+        model.eval()
+        for ctx, gen in zip(contexts, gens):
+            full = torch.tensor([ctx + gen.ids])
+            tf = token_logprobs(model, full, torch.ones_like(full), temperature=temp)[0, len(ctx) :]
+            assert torch.allclose(torch.tensor(gen.logprobs), tf, atol=1e-4), temp
+
+
+class RecordingEngine(HFEngine):
+    """HFEngine that records how many contexts each call got."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_sizes = []
+
+    def generate(self, contexts, params):
+        self.batch_sizes.append(len(contexts))
+        return super().generate(contexts, params)
+
+
+class TurnsEnv(ToolEnv):
+    """No tools; every episode lasts the task's ``turns`` (a tiny random model never answers)."""
+
+    def __init__(self):
+        super().__init__([], max_turns=1)
+
+    def reset(self, task):
+        self.max_turns = task["turns"]
+        return super().reset(task)
+
+
+def test_run_episodes_drops_finished_episodes(tok, make_model):
+    engine = RecordingEngine(make_model(seed=4), tok)
+    tasks = [
+        {"id": "a", "prompt": "go", "turns": 3},
+        {"id": "b", "prompt": "go go", "turns": 1},
+        {"id": "c", "prompt": "hi", "turns": 2},
+    ]
+    cm = ContextManager(tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    trajs = run_episodes(engine, TurnsEnv, tasks, cm, params, group_ids=[5, 5, 6])
+    assert engine.batch_sizes == [3, 2, 1]
+    assert [len(t.steps) for t in trajs] == [3, 1, 2]
+    assert [t.task_id for t in trajs] == ["a", "b", "c"] and [t.group_id for t in trajs] == [5, 5, 6]
+    for t in trajs:
+        assert t.metrics["stop_reason"] == "max_turns"
+        for prev, nxt in zip(t.steps, t.steps[1:]):
+            obs = cm.renderer.ids(prev.observation, action_ended=not prev.truncated)
+            assert nxt.context_ids == prev.context_ids + prev.action_ids + obs
+        for s in t.steps:
+            assert s.truncated == (s.action_ids[-1] != tok.eos_token_id)
+            assert s.format_error  # a random model's turn is neither a call nor an answer
+
+
+def test_sliding_window_rollout_packs_one_sequence_per_step(tok, make_model):
+    cm = SlidingWindow(tok, window=1)
+    task = {"id": "a", "prompt": "go", "turns": 3}
+    engine = RecordingEngine(make_model(seed=4), tok)
+    (traj,) = run_episodes(engine, TurnsEnv, [task], cm, SamplingParams(max_new_tokens=4))
+    s0, s1, s2 = traj.steps
+    prompt = s0.context_ids
+    obs = [cm.renderer.ids(s.observation, action_ended=not s.truncated) for s in traj.steps]
+    assert s1.context_ids == prompt + s0.action_ids + obs[0]
+    assert s2.context_ids == prompt + s1.action_ids + obs[1]  # turn 0 has left the window
+    seqs = to_sequences(traj)
+    assert [q.ids for q in seqs] == [s.context_ids + s.action_ids for s in traj.steps]
+
+
+def test_run_episodes_ends_an_episode_that_would_overflow_the_context(tok, make_model):
+    engine = RecordingEngine(make_model(seed=4), tok)
+    cm = ContextManager(tok)
+    task = {"id": "a", "prompt": "go", "turns": 10}
+    prompt_len = len(cm.start(TurnsEnv().reset(task)).prompt_ids)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    # room for the first turn only: its observation (an error message) makes the next one overflow
+    (traj,) = run_episodes(engine, TurnsEnv, [task], cm, params, max_context_tokens=prompt_len + 4 + 8)
+    assert len(traj.steps) == 1 and engine.batch_sizes == [1]
+    assert traj.metrics["stop_reason"] == "token_budget"
+
+
+# ------------------------------------------------------------------------------- token in, token out
+
+SEARCH_CALL = '{"name": "search", "arguments": {"query": "Mona Lisa"}}'
+
+
+def test_token_in_token_out_from_rollout_to_learner_batch(
+    tok, frozen_learner, corpus, tasks, scripted_engine, split_ids, tmp_path
+):
+    model = frozen_learner.model
+    search = make_search_tool(SearchIndex(corpus), top_k=1)
+    # Episode 0's first turn is a search call written one character per token: decoding and
+    # re-encoding it would merge tokens, so only a token-in-token-out path keeps these ids.
+    forced = tok.encode("<tool_call>") + split_ids(tok, SEARCH_CALL) + tok.encode("</tool_call>")
+    forced += [tok.eos_token_id]
+    assert tok.encode(tok.decode(forced, skip_special_tokens=False)) != forced
+    engine = scripted_engine(model, tok, [[forced, None, None, None]])
+    cm = ContextManager(tok, tools=[search.schema])
+    torch.manual_seed(0)
+    trajs = run_episodes(
+        engine,
+        lambda: MultiHopQAEnv(search, max_turns=2, retrieval_bonus=0.5),
+        [tasks[0], tasks[0], tasks[1], tasks[1]],
+        cm,
+        SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        group_ids=[0, 0, 1, 1],
+    )
+    first = trajs[0].steps[0]
+    assert first.action_ids == forced
+    assert first.tool_calls == [{"name": "search", "arguments": {"query": "Mona Lisa"}}]
+    assert first.reward == 0.5  # the search retrieved the gold "Mona Lisa" document
+    assert "Mona Lisa" in first.observation[0]["content"]
+    assert all(len(t.steps) == 2 for t in trajs)  # the random model never answers
+
+    batch = annotate(frozen_learner, trajs, RLConfig(algorithm="grpo", group_size=2), tok.pad_token_id)
+    assert len(batch["input_ids"]) == len(trajs)  # full history: one row per trajectory
+    for i, t in enumerate(trajs):
+        m = batch["action_mask"][i].bool()
+        sampled = [x for s in t.steps for x in s.action_ids]
+        assert batch["input_ids"][i][m].tolist() == sampled
+        sample_lp = torch.tensor([x for s in t.steps for x in s.action_logprobs])
+        assert torch.allclose(batch["old_logprobs"][i][m], sample_lp, atol=1e-4)
+        assert torch.allclose(batch["sample_logprobs"][i][m], sample_lp)
+        # the row is exactly the last context the policy saw, plus its action
+        n = int(batch["attention_mask"][i].sum())
+        assert batch["input_ids"][i][:n].tolist() == t.steps[-1].context_ids + t.steps[-1].action_ids
+    # a stored rollout replays to the same training tokens
+    save_parquet(trajs, tmp_path / "rollout.parquet")
+    stored = load_parquet(tmp_path / "rollout.parquet")
+    replay = collate([q for t in stored for q in to_sequences(t)], tok.pad_token_id)
+    for key, value in replay.items():
+        assert torch.equal(value, batch[key]), key
+    # at least one sampled turn re-tokenizes differently too (random byte-level tokens merge)
+    def reencoded(ids):
+        return tok.encode(tok.decode(ids, skip_special_tokens=False))
+
+    drift = [s for t in trajs for s in t.steps if reencoded(s.action_ids) != s.action_ids]
+    assert len(drift) >= 2

@@ -1,0 +1,228 @@
+"""The DeepSpeed learner: masking of observations, updates under every ZeRO stage,
+micro-batching invariance, checkpoints, and the critic path."""
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agent_r1.algorithms import ADVANTAGES, AdvantageInputs, get_advantage, ppo_clip_loss
+from agent_r1.config import RLConfig
+from agent_r1.learner import Learner, LearnerConfig, ValueModel, token_logprobs
+from agent_r1.rl import annotate
+from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
+
+
+def make_trajs(seed: int = 0, n: int = 4, vocab: int = 290) -> list[Trajectory]:
+    """Full-history multi-turn trajectories of random ids, two per group, varied lengths and rewards."""
+    rng = random.Random(seed)
+
+    def ids(k):
+        return [rng.randrange(3, vocab) for _ in range(k)]
+
+    trajs = []
+    for i in range(n):
+        ctx = ids(rng.randint(3, 6))
+        steps = []
+        for _ in range(rng.randint(2, 3)):
+            action = ids(rng.randint(1, 4))
+            logprobs = [-rng.uniform(0.5, 5) for _ in action]
+            steps.append(Step(list(ctx), action, logprobs, reward=rng.choice([0.0, 0.5])))
+            ctx = ctx + action + ids(rng.randint(2, 4))  # + the observation
+        trajs.append(Trajectory(str(i), group_id=i // 2, steps=steps, final_reward=float(i % 2)))
+    return trajs
+
+
+def batch_of(trajs, pad_id, **kw):
+    return collate([s for t in trajs for s in to_sequences(t)], pad_id, **kw)
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def loaded_state(path) -> dict[str, torch.Tensor]:
+    return state(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32))
+
+
+# ------------------------------------------------------------------------------- masking
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_every_advantage_is_exactly_zero_on_observation_tokens(name, tok):
+    batch = batch_of(make_trajs(), tok.pad_token_id)
+    obs = (batch["attention_mask"] == 1) & (batch["action_mask"] == 0)
+    assert obs.any() and batch["action_mask"].any()
+    g = torch.Generator().manual_seed(0)
+    adv, _ = get_advantage(name)(
+        AdvantageInputs(
+            token_rewards=batch["token_rewards"],
+            mask=batch["adv_mask"],
+            group_ids=batch["group_ids"],
+            values=torch.randn(batch["input_ids"].shape, generator=g),
+            step_ids=batch["step_ids"],
+        )
+    )
+    assert adv[batch["action_mask"] == 0].eq(0).all()
+    assert adv[batch["action_mask"] == 1].ne(0).any()
+
+
+class KeepLogits(torch.nn.Module):
+    """Forwards to the model and keeps its logits (with their gradient) for inspection."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kw):
+        out = self.model(**kw)
+        if out.logits.requires_grad:
+            out.logits.retain_grad()
+        self.logits = out.logits
+        return out
+
+
+def test_observation_tokens_get_no_policy_gradient(tok, make_model):
+    trajs = make_trajs(seed=1)
+    model = KeepLogits(make_model(seed=2, std=0.3))
+
+    def loss_of(batch, adv, old):
+        logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        return ppo_clip_loss(logp, old, adv, batch["loss_mask"])[0], logp
+
+    batch = batch_of(trajs, tok.pad_token_id)
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(batch["input_ids"].shape, generator=g)
+    with torch.no_grad():
+        old = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    old = old + 0.05 * torch.randn(old.shape, generator=g)  # ratios stay inside the clip range
+    loss, _ = loss_of(batch, adv, old)
+    loss.backward()
+    # logits[t] predict token t+1: their gradient is zero exactly where token t+1 is not an action
+    grad = model.logits.grad.abs().sum(-1)  # [B, T]
+    predicts_action = torch.zeros_like(grad, dtype=torch.bool)
+    predicts_action[:, :-1] = batch["action_mask"][:, 1:].bool()
+    assert grad[~predicts_action].eq(0).all()
+    assert grad[predicts_action].gt(0).all()
+
+    # perturbing an observation token's advantage or old log-prob leaves the loss unchanged ...
+    obs = (batch["attention_mask"] == 1) & (batch["action_mask"] == 0)
+    obs[:, 0] = False
+    noise = torch.randn(adv.shape, generator=g) * obs
+    with torch.no_grad():
+        base = loss_of(batch, adv, old)[0]
+        assert loss_of(batch, adv + 5 * noise, old)[0] == base
+        assert loss_of(batch, adv, old + noise)[0] == base
+        # ... while without the loss mask (the ablation) the same perturbation does change it
+        wide = batch_of(trajs, tok.pad_token_id, loss_mask=False)
+        assert loss_of(wide, adv + 5 * noise, old)[0] != loss_of(wide, adv, old)[0]
+
+
+# ------------------------------------------------------------------------------- updates
+
+
+def rl_batch(learner, tok, seed=0):
+    batch = batch_of(make_trajs(seed), tok.pad_token_id)
+    batch["old_logprobs"] = learner.logprobs(batch)
+    g = torch.Generator().manual_seed(seed)
+    batch["advantages"] = torch.randn(batch["input_ids"].shape, generator=g) * batch["action_mask"]
+    return batch
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_update_changes_the_policy_under_each_zero_stage(stage, tok, make_model, tmp_path):
+    before = state(make_model(seed=5))
+    learner = Learner(make_model(seed=5), LearnerConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=40))
+    batch = rl_batch(learner, tok)
+    # before any update the recomputed log-probs are the old ones: ratio 1, nothing clipped
+    stats = learner.update(batch)
+    assert stats["policy/clipfrac"] == 0 and abs(stats["policy/approx_kl"]) < 1e-6
+    assert torch.isfinite(torch.tensor(stats["policy/pg_loss"]))
+    after = loaded_state(learner.save(tmp_path / "ckpt", tok))
+    assert after.keys() == before.keys()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert "model.embed_tokens.weight" in changed and len(changed) > len(before) // 2
+    if stage < 3:  # the module holds the full weights (ZeRO-3 holds shards: the save gathers them)
+        live = state(learner.model)
+        assert all(torch.equal(live[k], after[k]) for k in after)
+    # a second pass sees the policy moved: new log-probs differ from the old ones
+    assert not torch.allclose(learner.logprobs(batch), batch["old_logprobs"])
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_does_not_depend_on_micro_batching(agg, tok, make_model):
+    batch = batch_of(make_trajs(seed=3, n=6), tok.pad_token_id)
+    results = []
+    for budget in (10**6, 1):  # one micro-batch vs one row per micro-batch
+        learner = Learner(make_model(seed=7), LearnerConfig(micro_batch_tokens=budget, loss_agg=agg, lr=1e-3))
+        grads = {n: torch.zeros_like(p) for n, p in learner.model.named_parameters()}
+
+        def keep(g, n):
+            grads[n].add_(g)  # and return None: a returned tensor would replace the gradient
+
+        hooks = [p.register_hook(lambda g, n=n: keep(g, n)) for n, p in learner.model.named_parameters()]
+        before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+        stats = learner.sft_step(batch)
+        for h in hooks:
+            h.remove()
+        delta = {n: p.detach() - before[n] for n, p in learner.model.named_parameters()}
+        results.append((stats["sft_loss"], grads, delta))
+    (loss_a, grads_a, delta_a), (loss_b, grads_b, delta_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    for n in grads_a:
+        assert grads_a[n].abs().sum() > 0
+        torch.testing.assert_close(grads_b[n], grads_a[n], rtol=1e-4, atol=1e-7)
+    # AdamW's first step is about -lr * g / (|g| + eps): compare it where g is clearly non-zero
+    # (rounding noise can flip the sign of a vanishing gradient)
+    for n in delta_a:
+        clear = grads_a[n].abs() > 1e-6
+        assert clear.any()
+        torch.testing.assert_close(delta_b[n][clear], delta_a[n][clear], rtol=1e-3, atol=1e-7)
+
+
+def test_save_writes_a_loadable_checkpoint_and_replaces_it_atomically(tok, make_model, tmp_path):
+    learner = Learner(make_model(seed=8), LearnerConfig(lr=1e-2))
+    path = tmp_path / "ckpts" / "policy"
+    assert learner.save(path, tok) == path
+    first = loaded_state(path)
+    assert all(torch.equal(first[k], v) for k, v in state(learner.model).items())
+    loaded_tok = AutoTokenizer.from_pretrained(str(path))
+    text = "<|im_start|>user\nWhere is the Louvre?<|im_end|>"
+    assert loaded_tok.encode(text) == tok.encode(text)
+
+    learner.sft_step(batch_of(make_trajs(), tok.pad_token_id))
+    learner.save(path, tok)
+    second = loaded_state(path)
+    assert all(torch.equal(second[k], v) for k, v in state(learner.model).items())
+    assert not torch.equal(first["model.embed_tokens.weight"], second["model.embed_tokens.weight"])
+    assert [p.name for p in path.parent.iterdir()] == ["policy"]  # no temp or .old folders left
+
+
+@pytest.mark.parametrize("algorithm", ["gae", "step_gae"])
+def test_critic_and_reference_path(algorithm, tok, make_model):
+    policy = make_model(seed=9)
+    before = state(policy)
+    learner = Learner(
+        policy,
+        LearnerConfig(lr=1e-2, critic_lr=1e-2, kl_coef=0.1),
+        reference=make_model(seed=9),
+        critic=ValueModel(make_model(seed=9)),
+    )
+    assert learner.critic.module.head.weight.eq(0).all()
+    batch = annotate(learner, make_trajs(seed=4), RLConfig(algorithm=algorithm, group_size=2), tok.pad_token_id)
+    for key in ("old_values", "returns", "ref_logprobs", "advantages"):
+        assert key in batch
+    assert batch["old_values"].eq(0).all()  # zero-initialised head
+    # the reference is the same network as the starting policy
+    torch.testing.assert_close(batch["ref_logprobs"], batch["old_logprobs"])
+    off = batch["adv_mask"] == 0
+    assert batch["advantages"][off].eq(0).all() and batch["returns"][off].eq(0).all()
+    stats = learner.update(batch)
+    assert {"critic/loss", "policy/kl", "policy/pg_loss"} <= stats.keys()
+    assert learner.critic.module.head.weight.ne(0).any()
+    assert not torch.equal(state(learner.model)["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    # the critic has its own body: training it did not touch the frozen reference or share the policy's
+    assert learner.critic.module.body is not learner.model.get_decoder()
+    new_values = learner.values(batch)
+    assert not torch.allclose(new_values, batch["old_values"])
