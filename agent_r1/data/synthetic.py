@@ -180,9 +180,8 @@ _TEMPLATE_WORDS = frozenset(
 )
 
 
-class _Names:
-    """Unique pronounceable words; no word is a substring of another (so no name is a
-    substring of another name, at the token or the character level)."""
+class _Words:
+    """Unique pronounceable words; no word is a substring of another."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -204,19 +203,54 @@ class _Names:
                 continue
             self.words.append(w)
             return w.capitalize()
-        raise RuntimeError("could not find a fresh name; the world is too large for the syllables")
+        raise RuntimeError("could not find a fresh word; the inventory is too large for the syllables")
+
+
+# The vocabulary of names is fixed (like a language): every world draws its entities as new
+# combinations of these words, so a name is never memorisable — only its words are familiar —
+# and a model must copy it from what it reads. Cities are single words used as answers.
+_INVENTORY_SEED = 20261125
+_INVENTORY_SIZES = {"first": 160, "last": 160, "film_a": 120, "film_b": 120, "studio": 60, "city": 64}
+_INVENTORY: dict[str, list[str]] = {}
+
+
+def _inventory() -> dict[str, list[str]]:
+    if not _INVENTORY:
+        words = _Words(random.Random(_INVENTORY_SEED))
+        for kind, n in _INVENTORY_SIZES.items():
+            _INVENTORY[kind] = [words.word(2, _CITY_ENDINGS if kind == "city" else None) for _ in range(n)]
+    return _INVENTORY
+
+
+class _Names:
+    """Entity names: unique combinations of inventory words, drawn with the world's rng."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.inv = _inventory()
+        self.used: set[str] = set()
+
+    def _fresh(self, make) -> str:
+        for _ in range(100_000):
+            name = make()
+            if name not in self.used:
+                self.used.add(name)
+                return name
+        raise RuntimeError("could not find a fresh name; the world is too large for the name inventory")
 
     def person(self) -> str:
-        return f"{self.word()} {self.word()}"
+        return self._fresh(lambda: f"{self.rng.choice(self.inv['first'])} {self.rng.choice(self.inv['last'])}")
 
     def film(self) -> str:
-        return f"{self.word()} {self.word()}"
+        return self._fresh(lambda: f"{self.rng.choice(self.inv['film_a'])} {self.rng.choice(self.inv['film_b'])}")
 
     def studio(self) -> str:
-        return f"{self.word()} {self.rng.choice(_STUDIO_SUFFIXES)}"
+        return self._fresh(lambda: f"{self.rng.choice(self.inv['studio'])} {self.rng.choice(_STUDIO_SUFFIXES)}")
 
-    def city(self) -> str:
-        return self.word(2, _CITY_ENDINGS)
+    def cities(self, n: int) -> list[str]:
+        if n > len(self.inv["city"]):
+            raise ValueError(f"n_cities={n} exceeds the city inventory ({len(self.inv['city'])})")
+        return self.rng.sample(self.inv["city"], n)
 
 
 # --------------------------------------------------------------------------- generation
@@ -312,7 +346,7 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
     cfg = cfg or WorldConfig()
     rng = random.Random(cfg.seed)
     names = _Names(rng)
-    cities = [names.city() for _ in range(cfg.n_cities)]
+    cities = names.cities(cfg.n_cities)
 
     def heldout(n: int) -> int:
         return min(n - 1, max(1, round(n * cfg.heldout_fraction)))
