@@ -22,8 +22,8 @@ class DataConfig(_Strict):
     path: str | None = None  # hotpotqa: a .jsonl / .json file
     # synthetic world (see agent_r1.data.synthetic.WorldConfig)
     seed: int = 0
-    n_films: int = Field(320, ge=4)
-    n_directors: int = Field(120, ge=2)
+    n_films: int = Field(2400, ge=4)
+    n_directors: int = Field(800, ge=2)
     n_studios: int = Field(20, ge=2)
     n_cities: int = Field(24, ge=2)
     heldout_fraction: float = Field(0.25, gt=0, lt=1)
@@ -45,33 +45,37 @@ class EnvConfig(_Strict):
     max_turns: int = Field(4, ge=1)
     max_context_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(48, ge=1)
-    top_k: int = Field(2, ge=1)
+    top_k: int = Field(2, ge=1)  # passages per search
     context: Literal["full", "sliding_window"] = "full"
     window: int = Field(2, ge=1)
     reward_scheme: Literal["agent_r1", "answer_only", "answer_plus_format"] = "agent_r1"
     answer_metric: Literal["em", "f1"] = "em"
-    retrieval_bonus: float = 0.0
+    retrieval_bonus: float = 0.2  # process reward per gold document first retrieved
     format_penalty: float = Field(0.0, le=0)
     # "default": the env's built-in instruction; null: no system turn (the tiny model learns the
     # protocol from demonstrations and saves the tokens); any other text is used as it is.
-    system_prompt: str | None = "default"
+    system_prompt: str | None = None
     tools_in_prompt: bool = False  # list tool schemas in the system turn (hub chat models want this)
     tool_timeout_s: float = Field(5.0, gt=0)
     max_output_chars: int = Field(1200, ge=50)
 
 
 class SFTConfig(_Strict):
-    hops: list[int] = [1]  # which questions the oracle demonstrates
-    epochs: float = Field(3.0, gt=0)
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(2e-3, gt=0)
-    warmup_steps: int = Field(20, ge=0)
+    # Which questions the oracle demonstrates: every question with one of `hops`, plus the
+    # question types in `qtypes`. The default shows single searches and ONE two-hop
+    # composition (film → studio); the other compositions are left for RL to discover.
+    hops: list[int] = [1]
+    qtypes: list[str] = ["studio_city_of_film"]
+    epochs: float = Field(1.5, gt=0)
+    batch_size: int = Field(8, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(50, ge=0)
 
 
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
     hops: list[int] = [2]  # which questions RL trains on
-    iterations: int = Field(40, ge=0)
+    iterations: int = Field(100, ge=0)
     tasks_per_iteration: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1)
     temperature: float = Field(1.0, gt=0)

@@ -39,11 +39,11 @@ class TinyModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     vocab_size: int = 2048
-    hidden_size: int = 192
+    hidden_size: int = 128
     num_layers: int = 4
-    num_heads: int = 6
+    num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 512
+    intermediate_size: int = 384
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
 

@@ -50,11 +50,12 @@ def prepare_data(cfg: RunConfig) -> Path:
     return out
 
 
-def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed: int = 0) -> list[dict]:
-    """Rows with the given hop counts as task dicts (at most ``limit`` per hop count)."""
+def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed: int = 0, qtypes: list[str] = ()) -> list[dict]:
+    """Rows with the given hop counts (or question types) as task dicts, at most ``limit`` per group."""
+    groups = [df["hops"] == h for h in hops] + [(df["qtype"] == q) & ~df["hops"].isin(hops) for q in qtypes]
     parts = []
-    for h in hops:
-        part = df[df["hops"] == h]
+    for sel in groups:
+        part = df[sel]
         if limit is not None and len(part) > limit:
             part = part.sample(n=limit, random_state=seed)
         parts.append(part)
@@ -176,7 +177,7 @@ def train_and_evaluate(cfg: RunConfig, progress: Progress | None = None, control
     t0 = time.perf_counter()
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
     context = agent.context()
-    demo_tasks = tasks_for(train_df, cfg.sft.hops, seed=cfg.seed)
+    demo_tasks = tasks_for(train_df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
     demos = [demonstration(t, agent.make_env().reset(t), search, context) for t in demo_tasks]
     with progress.task("sft", total=None) as report:
         sft(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed,
