@@ -20,6 +20,9 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     for name in ("DeepSpeed", "deepspeed", "torch.distributed", "bm25s", "httpx"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
