@@ -1,0 +1,92 @@
+"""Config validation, oracle demonstrations, and the default run end to end (tiny sizes)."""
+
+import json
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from agent_r1.config import ConfigError, load_config, parse_overrides
+from agent_r1.context import ContextManager
+from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.envs import MultiHopQAEnv
+from agent_r1.models import train_tokenizer
+from agent_r1.run import tasks_for, train_and_evaluate
+from agent_r1.sft import demonstration
+from agent_r1.tools import SearchIndex, make_search_tool
+
+
+def test_repo_pipelines_file_is_valid():
+    cfg = load_config("default", "pipelines.yaml")
+    assert cfg.name == "default" and cfg.rl.algorithm == "grpo"
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rl.bogus=1", "rl.bogus"),
+        ("env.top_k=zero", "env.top_k"),
+        ("sft.epochs=-1", "sft.epochs"),
+        ("rl.learner.zero_stage=7", "rl.learner.zero_stage"),
+    ],
+)
+def test_bad_config_values_are_named(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config("default", "pipelines.yaml", parse_overrides([override]))
+    assert key in str(err.value) and "'default'" in str(err.value)
+
+
+def test_unknown_algorithm_and_pipeline_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="rl.algorithm: .*'ppo2'.*grpo"):
+        load_config("default", "pipelines.yaml", parse_overrides(["rl.algorithm=ppo2"]))
+    (tmp_path / "p.yaml").write_text("pipelines:\n  a: {}\n")
+    with pytest.raises(ConfigError, match="no pipeline named 'b'"):
+        load_config("b", tmp_path / "p.yaml")
+    with pytest.raises(ConfigError, match="must look like"):
+        parse_overrides(["rl.iterations"])
+
+
+def test_oracle_demonstration_is_tokenized_like_a_rollout():
+    world = generate(WorldConfig(seed=3, n_films=8, n_directors=4, n_studios=2, n_cities=4))
+    search = make_search_tool(SearchIndex(world.corpus), top_k=1)
+    tok = train_tokenizer(list(world.corpus["text"]) + list(world.questions["question"]), vocab_size=400)
+    task = tasks_for(world.questions[world.questions.split == "train"], [2], limit=1)[0]
+    ctx = ContextManager(tok)
+    env = MultiHopQAEnv(search_tool=search, system_prompt=None)
+    demo = demonstration(task, env.reset(task), search, ctx)
+    assert len(demo.steps) == len(task["search_chain"]) + 1
+    for step, entity in zip(demo.steps, task["search_chain"]):
+        assert entity in tok.decode(step.action_ids) and step.action_ids[-1] == tok.eos_token_id
+        # the observation is the real search result for that entity
+        assert step.observation[0]["content"].startswith(f"(1) {entity}:")
+    assert tok.decode(demo.steps[-1].action_ids[:-1]) == f"<answer>{task['answers'][0]}</answer>"
+    # every step's context extends the previous context + action: one packed training sequence
+    for prev, nxt in zip(demo.steps, demo.steps[1:]):
+        assert nxt.context_ids[: len(prev.context_ids) + len(prev.action_ids)] == prev.context_ids + prev.action_ids
+    # replaying the demonstration through the env gives the oracle's reward
+    for step in demo.steps:
+        res = env.step(step.action_text)
+    assert res.done and res.info["em"] == 1.0
+
+
+@pytest.mark.slow
+def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
+    overrides = parse_overrides([
+        f"output_dir={tmp_path}", "data.n_films=24", "data.n_directors=8", "data.n_studios=4",
+        "sft.epochs=0.2", "rl.iterations=2", "rl.tasks_per_iteration=4", "rl.group_size=2",
+        "eval.max_per_hop=4", "model.tiny.num_layers=1", "model.tiny.hidden_size=32",
+        "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+        "model.tiny.vocab_size=400",
+    ])
+    cfg = load_config("default", "pipelines.yaml", overrides)
+    results = train_and_evaluate(cfg)
+    written = json.loads((tmp_path / "metrics" / "eval.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    assert set(written) == {"test", "test_1hop", "test_2hop", "test_3hop"}
+    for split in written.values():
+        assert set(split) == {"sft", "grpo"}
+        assert {"em", "f1", "n", "tool_calls", "format_error_rate", "turns"} <= set(split["sft"])
+    assert written["test_2hop"]["grpo"]["n"] == 4
+    history = json.loads((tmp_path / "metrics" / "train_history.json").read_text())
+    assert [h["iteration"] for h in history] == [1, 2]
+    for name in ("sft", "grpo"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / name)
