@@ -71,6 +71,8 @@ def to_frame(trajectories: list[Trajectory]) -> pd.DataFrame:
 
 
 def from_frame(df: pd.DataFrame) -> list[Trajectory]:
+    if df.empty:
+        return []
     trajectories = []
     step_fields = Step.__dataclass_fields__
     for _, rows in df.sort_values(["traj_index", "step_index"]).groupby("traj_index", sort=True):
