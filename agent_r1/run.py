@@ -25,7 +25,7 @@ from agent_r1.evaluate import summarize_by_hops
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import build_tiny_model, load_model, train_tokenizer
 from agent_r1.progress import Progress
-from agent_r1.rl import NEEDS_CRITIC, method_name, rl_iteration, rollout_stats
+from agent_r1.rl import NEEDS_CRITIC, method_name, rl_iteration
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 from agent_r1.sft import demonstration, sft
 from agent_r1.tools import SearchIndex, make_search_tool
@@ -187,7 +187,6 @@ def train_and_evaluate(cfg: RunConfig, progress: Progress | None = None, control
     sft_eval, _ = evaluate_agent(agent, eval_tasks, progress, "eval sft")
     record("sft", sft_eval)
 
-    # --- optional control: more SFT for RL's wall time, from the same start
     # --- RL
     t0 = time.perf_counter()
     method = method_name(cfg.rl.algorithm, cfg.rl.loss_mask, cfg.rl.adv_mask)
