@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import logging
 import os
 import platform
@@ -56,11 +57,11 @@ _pre.add_argument("--omp-wait-policy", choices=["passive", "active"])
 if (_policy := _pre.parse_known_args()[0].omp_wait_policy) and __name__ == "__main__":
     os.environ["OMP_WAIT_POLICY"] = _policy.upper()
 
-import torch  # noqa: E402
+import torch
 
-from agent_r1.data.synthetic import WorldConfig, generate  # noqa: E402
-from agent_r1.models import TinyModelConfig, build_tiny_model, train_tokenizer  # noqa: E402
-from agent_r1.trajectory import Sequence, collate  # noqa: E402
+from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.models import TinyModelConfig, build_tiny_model, train_tokenizer
+from agent_r1.trajectory import Sequence, collate
 
 PRESETS = {
     "tiny": TinyModelConfig(),
@@ -286,7 +287,7 @@ def main(argv=None) -> None:
             times, quiet = [], []
             for _ in range(args.repeats):
                 r0 = _cpu_snapshot()
-                times.append(timed(lambda: learner.sft_step(batch), args.steps))
+                times.append(timed(functools.partial(learner.sft_step, batch), args.steps))
                 quiet.append(_others_cores(r0) < args.quiet)
                 if time.perf_counter() - t_start > args.budget_s:
                     break

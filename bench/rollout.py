@@ -54,11 +54,17 @@ _pre.add_argument("--omp-wait-policy", choices=["passive", "active"])
 if (_policy := _pre.parse_known_args()[0].omp_wait_policy) and __name__ == "__main__":
     os.environ["OMP_WAIT_POLICY"] = _policy.upper()
 
-import torch  # noqa: E402
+import torch
 
-from agent_r1.data.synthetic import WorldConfig, generate  # noqa: E402
-from agent_r1.models import IM_END, IM_START, TinyModelConfig, build_tiny_model, train_tokenizer  # noqa: E402
-from agent_r1.rollout.engine import HFEngine, SamplingParams  # noqa: E402
+from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.models import (
+    IM_END,
+    IM_START,
+    TinyModelConfig,
+    build_tiny_model,
+    train_tokenizer,
+)
+from agent_r1.rollout.engine import HFEngine, SamplingParams
 
 
 def _cpu_snapshot() -> tuple[float, float, float]:
@@ -266,9 +272,9 @@ def main(argv=None) -> None:
         if len(rep) < len(modes):
             print(f"time budget of {args.budget_s:.0f} s spent during repeat {r + 1}: dropped it", flush=True)
             break
-        for i in rep:
-            results[i].append(rep[i])
-            ratios[i].append(rep[i][0] / rep[0][0])
+        for i, rates in rep.items():
+            results[i].append(rates)
+            ratios[i].append(rates[0] / rep[0][0])
         clean.append(busiest < args.quiet)
         elapsed = time.perf_counter() - t_start
         probe = elementwise_probe()
