@@ -66,6 +66,7 @@ class SFTConfig(_Strict):
     # composition (film → studio); the other compositions are left for RL to discover.
     hops: list[int] = [1]
     qtypes: list[str] = ["studio_city_of_film"]
+    worlds: int = Field(0, ge=0)  # >0: demonstrations from this many fresh worlds (see run.py)
     epochs: float = Field(1.5, gt=0)
     batch_size: int = Field(8, ge=1)
     lr: float = Field(3e-3, gt=0)

@@ -6,6 +6,7 @@ pieces); ``train_and_evaluate`` strings them together and writes ``metrics/eval.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -119,6 +120,29 @@ def initial_model(cfg: RunConfig, data_dir: Path, search) -> tuple[torch.nn.Modu
     return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed), tokenizer
 
 
+def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.DataFrame) -> list:
+    """Tokenized oracle episodes for the cold start.
+
+    With ``sft.worlds == 0`` they cover the training split. With ``sft.worlds = k`` they come
+    from k freshly generated synthetic worlds (seeds disjoint from the data seed, each with its
+    own search index), so no entity repeats across demonstrations or appears in RL or
+    evaluation: a small model cannot memorise its way through them and has to learn to read.
+    """
+    sources = [(train_df, agent.search)]
+    if cfg.sft.worlds:
+        sources = []
+        for k in range(cfg.sft.worlds):
+            world = generate(dataclasses.replace(cfg.data.world(), seed=cfg.data.seed + 1000 + k))
+            tool = make_search_tool(SearchIndex(world.corpus), top_k=cfg.env.top_k, timeout_s=cfg.env.tool_timeout_s,
+                                    max_output_chars=cfg.env.max_output_chars)
+            sources.append((world.questions, tool))
+    demos = []
+    for df, tool in sources:
+        for t in tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes):
+            demos.append(demonstration(t, agent.make_env().reset(t), tool, context))
+    return demos
+
+
 def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "eval") -> tuple[dict, list]:
     engine = HFEngine(agent.model, agent.tokenizer)
     params = SamplingParams(temperature=agent.cfg.eval.temperature, max_new_tokens=agent.cfg.env.max_new_tokens)
@@ -177,8 +201,7 @@ def train_and_evaluate(cfg: RunConfig, progress: Progress | None = None, control
     t0 = time.perf_counter()
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
     context = agent.context()
-    demo_tasks = tasks_for(train_df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
-    demos = [demonstration(t, agent.make_env().reset(t), search, context) for t in demo_tasks]
+    demos = oracle_demonstrations(cfg, agent, context, train_df)
     with progress.task("sft", total=None) as report:
         sft(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed,
             on_step=lambda s, n, m: report(f"step {s}/{n} loss {m['sft_loss']:.3f}", s / n))

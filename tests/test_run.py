@@ -90,3 +90,22 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert [h["iteration"] for h in history] == [1, 2]
     for name in ("sft", "grpo"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / name)
+
+
+def test_demonstrations_from_fresh_worlds_do_not_reuse_the_training_split(tmp_path):
+    from agent_r1.run import Agent, make_search, oracle_demonstrations, prepare_data
+    from agent_r1.data.synthetic import load_split
+
+    small = ["data.n_films=12", "data.n_directors=4", "data.n_studios=3", f"output_dir={tmp_path}"]
+    cfg = load_config("default", "pipelines.yaml", parse_overrides(small + ["sft.worlds=2"]))
+    data_dir = prepare_data(cfg)
+    search = make_search(cfg, data_dir)
+    train = load_split(data_dir, "train")
+    tok = train_tokenizer(list(train["question"]) * 3, vocab_size=400)
+    agent = Agent(None, tok, search, cfg)
+    fresh = oracle_demonstrations(cfg, agent, agent.context(), train)
+    own = oracle_demonstrations(cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"worlds": 0})}), agent, agent.context(), train)
+    assert {d.task_id for d in own} <= set(train["id"])
+    questions = lambda demos: {tok.decode(d.steps[0].context_ids) for d in demos}
+    assert len(fresh) > len(own)  # two whole worlds (both of their splits) vs one training split
+    assert not questions(fresh) & questions(own)
