@@ -51,11 +51,16 @@ import statistics
 import time
 import warnings
 
-# OpenMP reads OMP_WAIT_POLICY once, when torch's OpenMP runtime loads: set it before ``import torch``.
-_pre = argparse.ArgumentParser(add_help=False)
-_pre.add_argument("--omp-wait-policy", choices=["passive", "active"])
-if (_policy := _pre.parse_known_args()[0].omp_wait_policy) and __name__ == "__main__":
-    os.environ["OMP_WAIT_POLICY"] = _policy.upper()
+from machine import (
+    apply_omp_wait_policy,
+    cpu_snapshot,
+    elementwise_probe,
+    others_cores,
+    warn_if_spinning,
+)
+
+if __name__ == "__main__":
+    apply_omp_wait_policy()  # before torch loads
 
 import torch
 
@@ -74,46 +79,6 @@ def parse_model(spec: str) -> tuple[str, TinyModelConfig]:
         return spec, PRESETS[spec]
     h, l, nh, kv, ffn = (int(x) for x in spec.split(","))
     return f"h{h}l{l}", TinyModelConfig(hidden_size=h, num_layers=l, num_heads=nh, num_kv_heads=kv, intermediate_size=ffn)
-
-
-def _cpu_snapshot() -> tuple[float, float, float]:
-    """(wall s, whole-machine busy CPU s, this process's CPU s), to tell how busy the rest of the machine was."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        busy = float("nan")
-    t = os.times()
-    return time.perf_counter(), busy, t.user + t.system
-
-
-def _others_cores(start: tuple[float, float, float]) -> float:
-    """Average number of cores other processes kept busy since ``start``."""
-    end = _cpu_snapshot()
-    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
-
-
-def elementwise_probe(n: int = 1 << 20, reps: int = 20) -> float:
-    """Median microseconds of an in-place multiply of n floats: ~0.1 ms when memory-bound; ~a scheduler
-    time slice (several ms) when torch's OpenMP threads spin-wait for a core another process holds."""
-    x = torch.ones(n)
-    x.mul_(1.0)
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x.mul_(1.0)
-        out.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(out)
-
-
-def warn_if_spinning(us: float) -> str:
-    if us < 2000:
-        return ""
-    return (f"WARNING: a 1M-float multiply took {us / 1000:.1f} ms (~0.05 ms normally): torch's OpenMP threads are "
-            "waiting for a core another process holds, and every parallel op pays a scheduler time slice. "
-            "Numbers from this run are not representative; re-run when the machine is quiet, or with "
-            "--omp-wait-policy passive (or --threads 1).")
 
 
 def parse_args(argv=None):
@@ -268,7 +233,7 @@ def main(argv=None) -> None:
     )
     main_rows, extra, worst_probe, contended_rows = [], [], 0.0, 0
     t_start = time.perf_counter()
-    snap = _cpu_snapshot()
+    snap = cpu_snapshot()
     for spec in args.models:
         name, cfg = parse_model(spec)
         cfg = cfg.model_copy(update={"max_position_embeddings": max(cfg.max_position_embeddings, args.seq)})
@@ -282,20 +247,20 @@ def main(argv=None) -> None:
             torch.set_num_threads(threads)
             for _ in range(args.warmup):
                 learner.sft_step(batch)
-            s0 = _cpu_snapshot()
+            s0 = cpu_snapshot()
             mm_before = matmul_flops(args.mm, args.mm_reps)
             times, quiet = [], []
             for _ in range(args.repeats):
-                r0 = _cpu_snapshot()
+                r0 = cpu_snapshot()
                 times.append(timed(functools.partial(learner.sft_step, batch), args.steps))
-                quiet.append(_others_cores(r0) < args.quiet)
+                quiet.append(others_cores(r0) < args.quiet)
                 if time.perf_counter() - t_start > args.budget_s:
                     break
             all_times = times
             times = [t for t, q in zip(times, quiet) if q] or times  # the quiet repeats when there are any
             contended_rows += not any(quiet)
             mm_after = matmul_flops(args.mm, args.mm_reps)
-            others = _others_cores(s0)
+            others = others_cores(s0)
             probe = elementwise_probe()
             step = statistics.median(times)
             mm = statistics.median([mm_before, mm_after])
@@ -311,10 +276,10 @@ def main(argv=None) -> None:
             if over:
                 console.print(f"time budget of {args.budget_s:.0f} s spent: skipping the breakdown/profile of {name}")
             if args.breakdown and not over:
-                b0 = _cpu_snapshot()
+                b0 = cpu_snapshot()
                 ds = breakdown(learner, batch, args.breakdown_reps)
                 pt = plain_torch(plain_copy, batch, args.breakdown_reps, lcfg.lr, lcfg.grad_clip)
-                b_others = _others_cores(b0)
+                b_others = others_cores(b0)
                 ds_total, pt_total = sum(ds.values()), sum(pt.values())
                 for (k1, v1), (k2, v2) in zip(ds.items(), pt.items()):
                     extra.append([name, str(threads), f"{k1} | {k2}", f"{v1:.3f}", f"{100 * v1 / ds_total:.0f}%",
@@ -348,7 +313,7 @@ def main(argv=None) -> None:
         for r in extra:
             t2.add_row(*r)
         console.print(t2)
-    console.print(f"other processes kept {_others_cores(snap):.2f} of {os.cpu_count()} cores busy during the run")
+    console.print(f"other processes kept {others_cores(snap):.2f} of {os.cpu_count()} cores busy during the run")
     msg = warn_if_spinning(worst_probe)
     if msg:
         console.print(msg)

@@ -48,11 +48,16 @@ import random
 import statistics
 import time
 
-# OpenMP reads OMP_WAIT_POLICY once, when torch's OpenMP runtime loads: set it before ``import torch``.
-_pre = argparse.ArgumentParser(add_help=False)
-_pre.add_argument("--omp-wait-policy", choices=["passive", "active"])
-if (_policy := _pre.parse_known_args()[0].omp_wait_policy) and __name__ == "__main__":
-    os.environ["OMP_WAIT_POLICY"] = _policy.upper()
+from machine import (
+    apply_omp_wait_policy,
+    cpu_snapshot,
+    elementwise_probe,
+    others_cores,
+    warn_if_spinning,
+)
+
+if __name__ == "__main__":
+    apply_omp_wait_policy()  # before torch loads
 
 import torch
 
@@ -65,46 +70,6 @@ from agent_r1.models import (
     train_tokenizer,
 )
 from agent_r1.rollout.engine import HFEngine, SamplingParams
-
-
-def _cpu_snapshot() -> tuple[float, float, float]:
-    """(wall s, whole-machine busy CPU s, this process's CPU s), to tell how busy the rest of the machine was."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        busy = float("nan")
-    t = os.times()
-    return time.perf_counter(), busy, t.user + t.system
-
-
-def _others_cores(start: tuple[float, float, float]) -> float:
-    """Average number of cores other processes kept busy since ``start``."""
-    end = _cpu_snapshot()
-    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
-
-
-def elementwise_probe(n: int = 1 << 20, reps: int = 20) -> float:
-    """Median microseconds of an in-place multiply of n floats: ~0.1 ms when memory-bound; ~a scheduler
-    time slice (several ms) when torch's OpenMP threads spin-wait for a core another process holds."""
-    x = torch.ones(n)
-    x.mul_(1.0)
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x.mul_(1.0)
-        out.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(out)
-
-
-def warn_if_spinning(us: float) -> str:
-    if us < 2000:
-        return ""
-    return (f"WARNING: a 1M-float multiply took {us / 1000:.1f} ms (~0.05 ms normally): torch's OpenMP threads are "
-            "waiting for a core another process holds, and every parallel op pays a scheduler time slice. "
-            "Numbers from this run are not representative; re-run when the machine is quiet, or with "
-            "--omp-wait-policy passive (or --threads 1).")
 
 
 def parse_args(argv=None):
@@ -250,7 +215,7 @@ def main(argv=None) -> None:
     ratios: dict[int, list[float]] = {i: [] for i in range(len(modes))}
     clean: list[bool] = []  # per repeat: no other process busy while any of its rows ran
     t_start = time.perf_counter()
-    snap = _cpu_snapshot()
+    snap = cpu_snapshot()
     worst_probe = elementwise_probe()
     for r in range(args.repeats):
         order = list(range(len(modes)))
@@ -263,11 +228,11 @@ def main(argv=None) -> None:
                 break  # over budget mid-repeat: drop this partial repeat
             _, _, n_eps, fn = modes[i]
             torch.manual_seed(args.seed + r)
-            s0 = _cpu_snapshot()
+            s0 = cpu_snapshot()
             t0 = time.perf_counter()
             n_tok = fn()
             dt = time.perf_counter() - t0
-            busiest = max(busiest, _others_cores(s0))
+            busiest = max(busiest, others_cores(s0))
             rep[i] = (n_eps / dt, n_tok / dt)
         if len(rep) < len(modes):
             print(f"time budget of {args.budget_s:.0f} s spent during repeat {r + 1}: dropped it", flush=True)
@@ -304,7 +269,7 @@ def main(argv=None) -> None:
                       f"{min(rs):.1f}-{max(rs):.1f}")
     Console(width=160).print(table)
     best = max(statistics.median(ratios[i][k] for k in use) for i in range(1, len(modes))) if len(modes) > 1 else 0
-    print(f"other processes kept {_others_cores(snap):.2f} of {os.cpu_count()} cores busy during the timed repeats; "
+    print(f"other processes kept {others_cores(snap):.2f} of {os.cpu_count()} cores busy during the timed repeats; "
           f"1M-float mul_ now: {elementwise_probe():.0f} us")
     msg = warn_if_spinning(max(worst_probe, elementwise_probe()))
     if msg:
