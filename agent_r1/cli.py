@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -17,7 +16,9 @@ console = Console()
 
 
 def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from agent_r1.pipeline.env import contain
+
+    contain()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from transformers.utils import logging as hf_logging
@@ -50,31 +51,106 @@ def results_table(results: dict, title: str, timings: dict | None = None) -> Tab
     return table
 
 
+def _tracker(track: bool):
+    if not track:
+        return None
+    from agent_r1.tracking import Tracker
+
+    return Tracker()
+
+
+PIPELINE = typer.Option("default", "--pipeline", "-p", help="named pipeline in the config file")
+CONFIG = typer.Option(Path("pipelines.yaml"), "--config", help="pipelines file")
+SET = typer.Option([], "--set", "-s", help="override a key, e.g. -s rl.iterations=10")
+TRACK = typer.Option(True, "--track/--no-track", help="log to MLflow (MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)")
+
+
 @app.command()
 def train(
-    pipeline: str = typer.Option("default", "--pipeline", "-p", help="named pipeline in the config file"),
-    config_file: Path = typer.Option(Path("pipelines.yaml"), "--config", help="pipelines file"),
-    overrides: list[str] = typer.Option([], "--set", "-s", help="override a key, e.g. -s rl.iterations=10"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
     control: bool = typer.Option(False, help="also run the SFT-only control for RL's wall time"),
+    track: bool = TRACK,
 ):
-    """Data → SFT cold start → RL → held-out evaluation; writes <output_dir>/metrics/eval.json."""
+    """All stages in this process: data → SFT → RL → held-out evaluation → register (MLflow)."""
     _quiet_libraries()
     cfg = _config(pipeline, config_file, overrides)
+    from agent_r1.pipeline import run_all
     from agent_r1.progress import Progress
-    from agent_r1.run import train_and_evaluate
 
-    results = train_and_evaluate(cfg, Progress(), control=control)
-    timings = json.loads((cfg.out / "metrics" / "timings.json").read_text())
-    shown = {k: v for k, v in results.items() if k == cfg.eval.split or k.endswith("hop")}
-    console.print(results_table(shown, f"held-out evaluation ({cfg.name})", timings))
+    out = run_all(cfg, _tracker(track), Progress(), with_control=control)
+    shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop")}
+    console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
+    if out["register"]:
+        r = out["register"]
+        console.print(f"registered {r['model']} v{r['version']} as {r['alias']}: {r['reason']}")
+
+
+@app.command()
+def stage(
+    name: str = typer.Argument(..., help="prepare | sft | train | evaluate | register"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+    track: bool = TRACK,
+):
+    """Run one pipeline stage (what dvc.yaml calls). Stages log into the pipeline's open MLflow
+    run; the last stage (register) closes it."""
+    _quiet_libraries()
+    from agent_r1.pipeline import STAGES, Recorder, stages
+    from agent_r1.progress import Progress
+
+    if name not in STAGES:
+        console.print(f"[red]unknown stage {name!r}; stages: {', '.join(STAGES)}[/red]")
+        raise typer.Exit(2)
+    cfg = _config(pipeline, config_file, overrides)
+    tracker = _tracker(track)
+    rec = Recorder(cfg, tracker)
+    run_id = rec.open()
+    slog = rec.stage(name)
+    try:
+        if name == "register":
+            if tracker is None:
+                console.print("[red]register needs MLflow tracking (drop --no-track)[/red]")
+                raise typer.Exit(2)
+            r = stages.register(cfg, tracker, run_id)
+            console.print(f"registered {r['model']} v{r['version']} as {r['alias']}: {r['reason']}")
+        elif name == "prepare":
+            console.print(stages.prepare(cfg, slog))
+        elif name == "train":
+            console.print(f"wrote {stages.train(cfg, slog, Progress(), tracker)}")
+        elif name == "evaluate":
+            results = stages.evaluate(cfg, slog, Progress())
+            console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))
+        else:
+            console.print(f"wrote {getattr(stages, name)(cfg, slog, Progress())}")
+    except BaseException:
+        rec.end_stage(slog, "FAILED")
+        raise
+    rec.end_stage(slog)
+    if name == STAGES[-1]:
+        rec.close()
+
+
+@app.command("mlflow-ui")
+def mlflow_ui(port: int = typer.Option(5000, help="port on 127.0.0.1")):
+    """Open the MLflow UI on this project's tracking store (127.0.0.1 only)."""
+    from agent_r1.pipeline.env import contain
+    from agent_r1.tracking import configure
+
+    contain()
+    uri = configure()
+    console.print(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
+    os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)])
 
 
 @app.command("show-config")
 def show_config(
-    pipeline: str = typer.Option("default", "--pipeline", "-p"),
-    config_file: Path = typer.Option(Path("pipelines.yaml"), "--config"),
-    overrides: list[str] = typer.Option([], "--set", "-s"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
 ):
     """Print the fully resolved, validated config of a pipeline."""
     cfg = _config(pipeline, config_file, overrides)

@@ -71,6 +71,7 @@ class SFTConfig(_Strict):
     batch_size: int = Field(8, ge=1)
     lr: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(50, ge=0)
+    checkpoint_every: int = Field(500, ge=1)  # optimizer steps between resumable states
 
 
 class RLConfig(_Strict):
@@ -85,6 +86,10 @@ class RLConfig(_Strict):
     lam: float = Field(1.0, ge=0, le=1)
     loss_mask: bool = True
     adv_mask: bool = True
+    # Where RL starts: null = this pipeline's SFT checkpoint; else a folder or a registry URI
+    # (models:/<name>@<alias>), e.g. the current champion when retraining.
+    init_from: str | None = None
+    checkpoint_every: int = Field(10, ge=1)  # iterations between resumable states
     learner: LearnerConfig = LearnerConfig()
 
 
@@ -93,6 +98,14 @@ class EvalConfig(_Strict):
     hops: list[int] = [1, 2, 3]
     max_per_hop: int = Field(100, ge=1)
     temperature: float = Field(0.0, ge=0)  # 0: greedy
+
+
+class RegisterConfig(_Strict):
+    model_name: str = "agent-r1"  # the MLflow registered model
+    # The gate: the new agent becomes `champion` only if eval.json[split][method][metric] beats
+    # the current champion's score on the same held-out tasks; otherwise it stays `challenger`.
+    split: str = "test"
+    metric: Literal["em", "f1", "reward"] = "em"
 
 
 class RunConfig(_Strict):
@@ -105,6 +118,7 @@ class RunConfig(_Strict):
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
+    registry: RegisterConfig = RegisterConfig()
 
     @model_validator(mode="after")
     def _check(self):

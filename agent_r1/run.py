@@ -1,15 +1,12 @@
-"""The default training run, end to end: data → model → SFT cold start → RL → evaluation.
-
-Each function here is one piece of the run (the pipeline stages of later issues call the same
-pieces); ``train_and_evaluate`` strings them together and writes ``metrics/eval.json``.
-"""
+"""The pieces a run is made of: data, the agent (model + search + env + context), the tiny
+model, oracle demonstrations, evaluation. The stages in :mod:`agent_r1.pipeline` string them
+together."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +20,10 @@ from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv
 from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
 from agent_r1.evaluate import summarize_by_hops
-from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import build_tiny_model, load_model, train_tokenizer
 from agent_r1.progress import Progress
-from agent_r1.rl import NEEDS_CRITIC, method_name, rl_iteration
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
-from agent_r1.sft import demonstration, sft
+from agent_r1.sft import demonstration
 from agent_r1.tools import SearchIndex, make_search_tool
 
 log = logging.getLogger(__name__)
@@ -173,85 +168,3 @@ def flat_eval(by_hops: dict, split: str) -> dict:
     out = {split: by_hops["all"]}
     out |= {f"{split}_{k}": v for k, v in by_hops.items() if k != "all"}
     return out
-
-
-def train_and_evaluate(cfg: RunConfig, progress: Progress | None = None, control: bool = False) -> dict:
-    """The default run. Returns ``{split: {method: metrics}}`` as written to metrics/eval.json.
-
-    With ``control``, also trains a copy of the SFT model with supervised steps for as long as RL
-    took (method ``sft_control``): the check that RL's gain is not just extra training time.
-    """
-    progress = progress or Progress.null()
-    t_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    data_dir = prepare_data(cfg)
-    search = make_search(cfg, data_dir)
-    model, tokenizer = initial_model(cfg, data_dir, search)
-    agent = Agent(model, tokenizer, search, cfg)
-    train_df, test_df = load_split(data_dir, "train"), load_split(data_dir, cfg.eval.split)
-    eval_tasks = tasks_for(test_df, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
-    results: dict[str, dict] = {}
-    timings: dict[str, float] = {}
-
-    def record(method: str, by_hops: dict) -> None:
-        for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
-            results.setdefault(split, {})[method] = metrics
-
-    # --- SFT cold start
-    t0 = time.perf_counter()
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
-    context = agent.context()
-    demos = oracle_demonstrations(cfg, agent, context, train_df)
-    with progress.task("sft", total=None) as report:
-        sft(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed,
-            on_step=lambda s, n, m: report(f"step {s}/{n} loss {m['sft_loss']:.3f}", s / n))
-    learner.save(cfg.out / "checkpoints" / "sft", tokenizer)
-    timings["sft_s"] = time.perf_counter() - t0
-    sft_eval, _ = evaluate_agent(agent, eval_tasks, progress, "eval sft")
-    record("sft", sft_eval)
-
-    # --- RL
-    t0 = time.perf_counter()
-    method = method_name(cfg.rl.algorithm, cfg.rl.loss_mask, cfg.rl.adv_mask)
-    rl_cfg = cfg.rl
-    reference = None
-    if rl_cfg.learner.kl_coef > 0:
-        reference, _ = load_model(cfg.out / "checkpoints" / "sft")
-    critic = ValueModel(load_model(cfg.out / "checkpoints" / "sft")[0]) if rl_cfg.algorithm in NEEDS_CRITIC else None
-    learner = Learner(agent.model, rl_cfg.learner, reference=reference, critic=critic)
-    engine = HFEngine(agent.model, tokenizer)
-    rl_tasks = tasks_for(train_df, rl_cfg.hops, seed=cfg.seed)
-    rng = torch.Generator().manual_seed(cfg.seed)
-    history = []
-    with progress.task(f"rl {method}", total=rl_cfg.iterations) as report:
-        for it in range(rl_cfg.iterations):
-            pick = torch.randperm(len(rl_tasks), generator=rng)[: rl_cfg.tasks_per_iteration].tolist()
-            stats, _ = rl_iteration(learner, engine, agent.make_env, [rl_tasks[i] for i in pick], context, rl_cfg,
-                                    cfg.env.max_new_tokens, cfg.env.max_context_tokens, tokenizer.pad_token_id, rng)
-            stats["iteration"] = it + 1
-            history.append(stats)
-            report(f"it {it + 1}/{rl_cfg.iterations} reward {stats['reward_mean']:.3f} em {stats['em']:.3f} "
-                   f"calls {stats['tool_calls']:.2f}", (it + 1) / max(rl_cfg.iterations, 1))
-    learner.save(cfg.out / "checkpoints" / method, tokenizer)
-    timings["rl_s"] = time.perf_counter() - t0
-    rl_eval, _ = evaluate_agent(agent, eval_tasks, progress, f"eval {method}")
-    record(method, rl_eval)
-
-    if control:
-        ctl_model, _ = load_model(cfg.out / "checkpoints" / "sft")
-        ctl = Agent(ctl_model, tokenizer, search, cfg)
-        ctl_learner = Learner(ctl_model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
-        deadline = time.perf_counter() + timings["rl_s"]
-        with progress.task("sft control", total=None) as report:
-            while time.perf_counter() < deadline:
-                sft(ctl_learner, demos, tokenizer.pad_token_id, 0.25, cfg.sft.batch_size, cfg.sft.lr * 0.1, 0, cfg.seed,
-                    on_step=lambda s, n, m: report(f"loss {m['sft_loss']:.3f}"))
-        ctl_eval, _ = evaluate_agent(ctl, eval_tasks, progress, "eval sft_control")
-        record("sft_control", ctl_eval)
-
-    timings["total_s"] = time.perf_counter() - t_start
-    metrics_dir = cfg.out / "metrics"
-    write_eval(metrics_dir / "eval.json", results)
-    (metrics_dir / "train_history.json").write_text(json.dumps(history, indent=1))
-    (metrics_dir / "timings.json").write_text(json.dumps(timings, indent=1))
-    return results

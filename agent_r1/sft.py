@@ -62,19 +62,25 @@ def sft(
     warmup_steps: int = 0,
     seed: int = 0,
     on_step: Callable[[int, int, dict], None] | None = None,
+    start_step: int = 0,
 ) -> list[dict]:
-    """Train on ``demos`` for ``epochs`` passes (fractions allowed); linear warmup, cosine decay."""
+    """Train on ``demos`` for ``epochs`` passes (fractions allowed); linear warmup, cosine decay.
+
+    The batch order of every epoch is a fixed function of ``seed`` and the epoch, so a run
+    resumed at ``start_step`` (with the optimizer state restored) sees exactly the batches the
+    uninterrupted run would have.
+    """
     seqs = [s for d in demos for s in to_sequences(d)]
-    steps_per_epoch = math.ceil(len(seqs) / batch_size)
+    steps_per_epoch = max(1, len(seqs) // batch_size)
     total = max(1, round(epochs * steps_per_epoch))
     opt = learner.engine.optimizer
-    g = torch.Generator().manual_seed(seed)
-    history, perm, pos = [], torch.randperm(len(seqs), generator=g), 0
-    for step in range(total):
-        if pos + batch_size > len(seqs):
-            perm, pos = torch.randperm(len(seqs), generator=g), 0
+    history, perm, epoch = [], None, -1
+    for step in range(start_step, total):
+        if step // steps_per_epoch != epoch:
+            epoch = step // steps_per_epoch
+            perm = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        pos = (step % steps_per_epoch) * batch_size
         rows = perm[pos : pos + batch_size].tolist()
-        pos += batch_size
         scale = (step + 1) / warmup_steps if step < warmup_steps else 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, total - warmup_steps)))
         for group in opt.param_groups:
             group["lr"] = lr * scale

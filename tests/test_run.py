@@ -10,7 +10,8 @@ from agent_r1.context import ContextManager
 from agent_r1.data.synthetic import WorldConfig, generate
 from agent_r1.envs import MultiHopQAEnv
 from agent_r1.models import train_tokenizer
-from agent_r1.run import tasks_for, train_and_evaluate
+from agent_r1.pipeline import run_all
+from agent_r1.run import tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.tools import SearchIndex, make_search_tool
 
@@ -78,9 +79,10 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
         "model.tiny.vocab_size=400",
     ])
     cfg = load_config("default", "pipelines.yaml", overrides)
-    results = train_and_evaluate(cfg)
+    results = run_all(cfg)["eval"]
     written = json.loads((tmp_path / "metrics" / "eval.json").read_text())
     assert written == json.loads(json.dumps(results))
+    assert not (tmp_path / "state" / "rl").exists()  # resume state is dropped once a stage is done
     assert set(written) == {"test", "test_1hop", "test_2hop", "test_3hop"}
     for split in written.values():
         assert set(split) == {"sft", "grpo"}

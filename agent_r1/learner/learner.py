@@ -264,6 +264,42 @@ class Learner:
     def save(self, path: str | Path, tokenizer=None) -> Path:
         return save_hf_checkpoint(self.engine, path, tokenizer)
 
+    def save_state(self, path: str | Path, client_state: dict, tokenizer=None) -> Path:
+        """Everything a resume needs (weights, optimizer moments, ``client_state``), atomically.
+
+        DeepSpeed's own checkpoint (any ZeRO stage) goes to a temp folder renamed over ``path``,
+        so a process killed mid-write leaves the previous state intact.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        self.engine.save_checkpoint(str(tmp), tag="policy", client_state=client_state, save_latest=False)
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(tmp), tag="critic", save_latest=False)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _replace_dir(tmp, path)
+        return path
+
+    def load_state(self, path: str | Path) -> dict:
+        """Restore what :meth:`save_state` wrote; returns its ``client_state``."""
+        _, client = self.engine.load_checkpoint(str(path), tag="policy")
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(path), tag="critic")
+        return client
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished folder ``tmp`` to ``path`` (readers see the old or the new, never half)."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
 
 def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Path:
     """Write a Hugging Face folder (safetensors) atomically: into a temp dir, then rename.
@@ -281,12 +317,5 @@ def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Pat
     module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    _replace_dir(tmp, path)
     return path

@@ -1,0 +1,381 @@
+"""The pipeline's stages: prepare → sft → train (RL) → evaluate → register.
+
+Each is a plain function of the typed config: it reads the files the stage before wrote under
+``<output_dir>``, writes its own, and reports metrics to a :class:`StageLog`. The CLI
+(``agent-r1 stage <name>``), ``dvc.yaml`` and the Prefect flows all call these functions.
+
+Layout under ``<output_dir>``::
+
+    data/{corpus,train,test}.parquet          prepare
+    checkpoints/sft/                          sft        (Hugging Face folder)
+    checkpoints/<method>/                     train      (method: grpo, ppo, rloo, ...)
+    metrics/{sft,train}_history.json          sft, train (DVC plots)
+    metrics/eval.json                         evaluate   (split -> method -> metrics; DVC metrics)
+    metrics/register.json                     register   (version, alias, why)
+    state/                                    resume points (never a DVC output)
+
+Long stages save a resumable state (weights, optimizer, RNG, progress) every few steps,
+atomically; re-running a killed stage continues from the last one if the config that shaped it
+is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from agent_r1.config import RunConfig
+from agent_r1.data.synthetic import load_split
+from agent_r1.learner import Learner, ValueModel
+from agent_r1.models import build_tiny_model, load_model
+from agent_r1.pipeline.record import NULL_LOG, StageLog
+from agent_r1.progress import Progress
+from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, rollout, rollout_stats
+from agent_r1.rollout import HFEngine
+from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_search, oracle_demonstrations, prepare_data, tasks_for
+from agent_r1.sft import sft as sft_loop
+from agent_r1.transcripts import transcripts
+
+log = logging.getLogger(__name__)
+
+STAGES = ("prepare", "sft", "train", "evaluate", "register")
+
+
+# ------------------------------------------------------------------------------ helpers
+def _write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def fingerprint(cfg: RunConfig, *sections: str) -> str:
+    """A hash of the config sections that shape a stage's result (a resume needs it unchanged)."""
+    dump = cfg.model_dump(mode="json")
+    return hashlib.sha256(json.dumps([cfg.seed] + [dump[s] for s in sections], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def data_version(data_dir: Path) -> str:
+    """md5 over the data files, the same content hash idea DVC uses for the ``data`` output."""
+    h = hashlib.md5()
+    for f in sorted(Path(data_dir).glob("*.parquet")):
+        h.update(f.name.encode())
+        h.update(hashlib.md5(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def rl_method(cfg: RunConfig) -> str:
+    return method_name(cfg.rl.algorithm, cfg.rl.loss_mask, cfg.rl.adv_mask)
+
+
+def checkpoint_dir(cfg: RunConfig, method: str) -> Path:
+    return cfg.out / "checkpoints" / method
+
+
+def _resumable(state_dir: Path, fp: str) -> bool:
+    meta = state_dir / "meta.json"
+    if not meta.exists():
+        return False
+    if json.loads(meta.read_text()).get("fingerprint") == fp:
+        return True
+    log.warning("%s was written under a different config; starting the stage afresh", state_dir)
+    return False
+
+
+def _save_state(learner: Learner, state_dir: Path, fp: str, client: dict, tokenizer=None) -> None:
+    learner.save_state(state_dir, client, tokenizer)
+    _write_json(state_dir / "meta.json", {"fingerprint": fp, "step": client["step"]})
+
+
+# ------------------------------------------------------------------------------ stages
+def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
+    """Write the dataset (parquet) and return its version and size."""
+    data_dir = prepare_data(cfg)
+    info = {"data_version": data_version(data_dir)}
+    for split in ("train", cfg.eval.split):
+        info[f"{split}_questions"] = len(load_split(data_dir, split))
+    stage_log.params(info)
+    return info
+
+
+def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None) -> Path:
+    """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``."""
+    progress = progress or Progress.null()
+    torch.manual_seed(cfg.seed)
+    data_dir = cfg.out / "data"
+    search = make_search(cfg, data_dir)
+    state_dir = cfg.out / "state" / "sft"
+    fp = fingerprint(cfg, "data", "model", "env", "sft")
+    resume = _resumable(state_dir, fp)
+    if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(state_dir)
+        model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
+    else:
+        model, tokenizer = initial_model(cfg, data_dir, search)
+    agent = Agent(model, tokenizer, search, cfg)
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+    start, history = 0, []
+    if resume:
+        client = learner.load_state(state_dir)
+        start, history = client["step"], client["history"]
+        log.info("sft: resuming at step %d from %s", start, state_dir)
+    demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
+    stage_log.params({"demonstrations": len(demos)})
+    every = cfg.sft.checkpoint_every
+
+    with progress.task("sft", total=None) as report:
+        def on_step(step: int, total: int, m: dict) -> None:
+            history.append({"step": step, **m})
+            report(f"step {step}/{total} loss {m['sft_loss']:.3f}", step / total)
+            if step % 50 == 0 or step == total:
+                stage_log.metrics(m, step)
+            if step % every == 0 and step < total:
+                _save_state(learner, state_dir, fp, {"step": step, "history": history}, tokenizer)
+
+        sft_loop(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr,
+                 cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
+    out = learner.save(checkpoint_dir(cfg, "sft"), tokenizer)
+    _write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return out
+
+
+def _load_start(cfg: RunConfig, tracker=None) -> tuple[torch.nn.Module, object]:
+    """RL's starting model: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
+    src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
+    if src.startswith(("models:/", "runs:/")):
+        if tracker is None:
+            raise ValueError(f"rl.init_from={src!r} needs MLflow tracking to resolve")
+        src = str(tracker.load_agent(src, cfg.out / "state" / "init_model"))
+    if not Path(src, "config.json").exists():
+        raise FileNotFoundError(f"RL start model {src} not found: run the sft stage first (or set rl.init_from)")
+    return load_model(src)
+
+
+class RLTrainer:
+    """The RL stage, one iteration at a time: rollout → annotate → update → end_iteration.
+
+    ``run()`` loops over them (the CLI and DVC path); the Prefect training flow calls the four
+    pieces itself so each is a task. Every ``rl.checkpoint_every`` iterations the learner state,
+    RNG and history are saved atomically; constructing the trainer again resumes from there.
+    """
+
+    def __init__(self, cfg: RunConfig, stage_log: StageLog = NULL_LOG, tracker=None):
+        self.cfg, self.log = cfg, stage_log
+        self.method = rl_method(cfg)
+        data_dir = cfg.out / "data"
+        model, self.tokenizer = _load_start(cfg, tracker)
+        self.agent = Agent(model, self.tokenizer, make_search(cfg, data_dir), cfg)
+        self.context = self.agent.context()
+        lc = cfg.rl.learner
+        reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
+        critic = ValueModel(_load_start(cfg, tracker)[0]) if cfg.rl.algorithm in NEEDS_CRITIC else None
+        self.learner = Learner(model, lc, reference=reference, critic=critic)
+        self.engine = HFEngine(model, self.tokenizer)
+        self.tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed)
+        if not self.tasks:
+            raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} in {data_dir}/train.parquet")
+        self.rng = torch.Generator().manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.iteration, self.history = 0, []
+        self.state_dir = cfg.out / "state" / "rl"
+        self.fp = fingerprint(cfg, "data", "model", "env", "sft", "rl")
+        if _resumable(self.state_dir, self.fp):
+            client = self.learner.load_state(self.state_dir)
+            self.iteration, self.history = client["step"], client["history"]
+            self.rng.set_state(client["rng"])
+            torch.set_rng_state(client["torch_rng"])
+            log.info("rl: resuming after iteration %d from %s", self.iteration, self.state_dir)
+        self._t0 = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.iteration >= self.cfg.rl.iterations
+
+    def rollout(self) -> list:
+        r = self.cfg.rl
+        pick = torch.randperm(len(self.tasks), generator=self.rng)[: r.tasks_per_iteration].tolist()
+        self._batch_tasks = [self.tasks[i] for i in pick]
+        self._t0 = time.perf_counter()
+        trajs = rollout(self.engine, self.agent.make_env, self._batch_tasks, self.context, r,
+                        self.cfg.env.max_new_tokens, self.cfg.env.max_context_tokens)
+        self._t_rollout = time.perf_counter() - self._t0
+        return trajs
+
+    def annotate(self, trajs: list) -> dict:
+        return annotate(self.learner, trajs, self.cfg.rl, self.tokenizer.pad_token_id)
+
+    def update(self, batch: dict) -> dict:
+        t0 = time.perf_counter()
+        stats = self.learner.update(batch, self.rng)
+        n_tokens = int(batch["attention_mask"].sum())
+        stats["train_tokens_per_s"] = n_tokens / max(time.perf_counter() - t0, 1e-9)
+        return stats
+
+    def end_iteration(self, trajs: list, stats: dict) -> dict:
+        """Record the iteration's metrics; save a resumable state when due."""
+        self.iteration += 1
+        stats = {**stats, **rollout_stats(trajs), "iteration": self.iteration,
+                 "time/rollout_s": self._t_rollout, "time/iteration_s": time.perf_counter() - self._t0}
+        self.history.append(stats)
+        self.log.metrics(stats, self.iteration)
+        if self.iteration == 1 or self.iteration % (5 * self.cfg.rl.checkpoint_every) == 0:
+            self.log.text(transcripts(trajs, self._batch_tasks, limit=4), f"rollouts/iteration_{self.iteration:05d}.md")
+        if self.iteration % self.cfg.rl.checkpoint_every == 0 and not self.done:
+            client = {"step": self.iteration, "history": self.history, "rng": self.rng.get_state(),
+                      "torch_rng": torch.get_rng_state()}
+            _save_state(self.learner, self.state_dir, self.fp, client)
+        return stats
+
+    def step(self) -> dict:
+        trajs = self.rollout()
+        return self.end_iteration(trajs, self.update(self.annotate(trajs)))
+
+    def finish(self) -> Path:
+        out = self.learner.save(checkpoint_dir(self.cfg, self.method), self.tokenizer)
+        _write_json(self.cfg.out / "metrics" / "train_history.json", self.history)
+        self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        return out
+
+    def run(self, progress: Progress | None = None) -> Path:
+        total = self.cfg.rl.iterations
+        with (progress or Progress.null()).task(f"rl {self.method}", total=total) as report:
+            while not self.done:
+                s = self.step()
+                report(f"it {self.iteration}/{total} reward {s['reward_mean']:.3f} em {s['em']:.3f} "
+                       f"calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
+        return self.finish()
+
+
+def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None, tracker=None) -> Path:
+    """RL from the SFT checkpoint (or ``rl.init_from``); writes ``checkpoints/<method>``."""
+    return RLTrainer(cfg, stage_log, tracker).run(progress)
+
+
+def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None,
+             checkpoints: dict[str, Path] | None = None) -> dict:
+    """Greedy held-out evaluation of each checkpoint; writes ``metrics/eval.json``.
+
+    ``checkpoints`` maps method name → folder; by default the SFT start and the RL result.
+    """
+    if checkpoints is None:
+        checkpoints = {"sft": checkpoint_dir(cfg, "sft"), rl_method(cfg): checkpoint_dir(cfg, rl_method(cfg))}
+    data_dir = cfg.out / "data"
+    search = make_search(cfg, data_dir)
+    test = load_split(data_dir, cfg.eval.split)
+    tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
+    results: dict[str, dict] = {}
+    for method, path in checkpoints.items():
+        model, tokenizer = load_model(path)
+        by_hops, trajs = evaluate_agent(Agent(model, tokenizer, search, cfg), tasks, progress, f"eval {method}")
+        for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
+            results.setdefault(split, {})[method] = metrics
+            stage_log.metrics({f"{split}/{method}/{k}": v for k, v in metrics.items()})
+        stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
+    _write_json(cfg.out / "metrics" / "eval.json", results)
+    stage_log.artifact(cfg.out / "metrics" / "eval.json")
+    return results
+
+
+def promotion(new_score: float, champion_score: float | None) -> tuple[bool, str]:
+    """The gate: promote only a strictly better agent (or the first one)."""
+    if champion_score is None:
+        return True, f"no champion yet; the new agent ({new_score:.4f}) becomes champion"
+    if new_score > champion_score:
+        return True, f"new agent {new_score:.4f} beats champion {champion_score:.4f}"
+    return False, f"new agent {new_score:.4f} does not beat champion {champion_score:.4f}; it stays challenger"
+
+
+def register(cfg: RunConfig, tracker, run_id: str, champion_score: float | None = None, method: str | None = None) -> dict:
+    """Log the trained agent to MLflow, register a version as ``challenger``; promote it to
+    ``champion`` when its held-out score beats ``champion_score`` (the current champion's score
+    on the same tasks; ``None`` = use the score recorded on the champion version).
+    """
+    method = method or rl_method(cfg)
+    r = cfg.registry
+    results = json.loads((cfg.out / "metrics" / "eval.json").read_text())
+    try:
+        score = float(results[r.split][method][r.metric])
+    except KeyError:
+        raise KeyError(f"metrics/eval.json has no {r.split}/{method}/{r.metric}: run the evaluate stage first") from None
+    current = tracker.alias_version(r.model_name, "champion")
+    if champion_score is None and current is not None:
+        champion_score = float(current["tags"].get("score", "nan"))
+    version = tracker.log_agent(run_id, checkpoint_dir(cfg, method), r.model_name, alias="challenger",
+                                tags={"score": str(score), "metric": f"{r.split}/{r.metric}", "method": method})
+    promote, why = promotion(score, champion_score)
+    if promote:
+        tracker.set_alias(r.model_name, "champion", version)
+    out = {"model": r.model_name, "version": version, "alias": "champion" if promote else "challenger",
+           "score": score, "champion_score": champion_score, "reason": why}
+    _write_json(cfg.out / "metrics" / "register.json", out)
+    return out
+
+
+def control(cfg: RunConfig, seconds: float, progress: Progress | None = None) -> Path:
+    """SFT alone for ``seconds`` more from the SFT checkpoint (method ``sft_control``): the
+    check that RL's gain is not just RL's extra training time."""
+    data_dir = cfg.out / "data"
+    model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
+    agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+    demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
+    deadline, seed = time.perf_counter() + seconds, cfg.seed
+    with (progress or Progress.null()).task("sft control", total=None) as report:
+        while time.perf_counter() < deadline:
+            seed += 1
+            sft_loop(learner, demos, tokenizer.pad_token_id, 0.25, cfg.sft.batch_size, cfg.sft.lr * 0.1, 0, seed,
+                     on_step=lambda s, n, m: report(f"loss {m['sft_loss']:.3f}"))
+    return learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+
+
+def run_all(cfg: RunConfig, tracker=None, progress: Progress | None = None, with_control: bool = False) -> dict:
+    """Every stage in order, in this process, into one MLflow run (when ``tracker`` is given).
+
+    Returns ``{"eval": eval.json, "timings": {...}, "register": ...}``. The Prefect training flow
+    is the same sequence with each stage (and each RL iteration's pieces) as a task.
+    """
+    from agent_r1.pipeline.record import Recorder
+
+    rec = Recorder(cfg, tracker)
+    run_id = rec.open()
+    timings: dict[str, float] = {}
+    t_all = time.perf_counter()
+
+    def timed(name: str, fn, *args, **kw):
+        slog = rec.stage(name)
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args, **kw) if name in ("register",) else fn(cfg, slog, *args, **kw)
+        except BaseException:
+            rec.end_stage(slog, "FAILED")
+            raise
+        timings[f"{name}_s"] = time.perf_counter() - t0
+        slog.metrics({"wall_s": timings[f"{name}_s"]})
+        rec.end_stage(slog)
+        return out
+
+    timed("prepare", prepare)
+    timed("sft", sft, progress)
+    timed("train", train, progress, tracker)
+    checkpoints = None
+    if with_control:
+        t0 = time.perf_counter()
+        control(cfg, timings["train_s"], progress)
+        timings["control_s"] = time.perf_counter() - t0
+        checkpoints = {m: checkpoint_dir(cfg, m) for m in ("sft", rl_method(cfg), "sft_control")}
+    results = timed("evaluate", evaluate, progress, checkpoints)
+    reg = timed("register", register, cfg, tracker, run_id) if tracker is not None else None
+    timings["total_s"] = time.perf_counter() - t_all
+    _write_json(cfg.out / "metrics" / "timings.json", timings)
+    rec.close()
+    return {"eval": results, "timings": timings, "register": reg}

@@ -1,0 +1,28 @@
+"""Readable transcripts of episodes: question, each turn's action and observation, answer, reward."""
+
+from __future__ import annotations
+
+from agent_r1.trajectory import Trajectory
+
+
+def transcript(traj: Trajectory, task: dict | None = None) -> str:
+    """One episode as markdown (what the agent wrote, what the tools returned, how it scored)."""
+    lines = [f"### {traj.task_id}"]
+    if task:
+        lines += [f"**Question:** {task.get('question', '?')}", f"**Gold:** {', '.join(task.get('answers', []))}"]
+    for i, step in enumerate(traj.steps, 1):
+        flags = [f for f, on in (("format error", step.format_error), ("truncated", step.truncated),
+                                 (f"{step.tool_errors} tool error(s)", step.tool_errors)) if on]
+        head = f"**Turn {i}**" + (f" ({', '.join(flags)})" if flags else "") + (f" step reward {step.reward:+.2f}" if step.reward else "")
+        lines += ["", head, "", "```", step.action_text.strip() or "(empty)", "```"]
+        for obs in step.observation:
+            lines += [f"> **{obs.get('name') or obs.get('role', 'tool')}:** " + str(obs.get("content", "")).replace("\n", "\n> ")]
+    m = traj.metrics
+    lines += ["", f"**Answer:** {m.get('answer')!r} · EM {m.get('em', 0):.0f} · F1 {m.get('f1', 0):.2f} · "
+                  f"reward {traj.total_reward:.2f} · tool calls {m.get('tool_calls', 0)}"]
+    return "\n".join(lines)
+
+
+def transcripts(trajs: list[Trajectory], tasks: list[dict] | None = None, limit: int = 8) -> str:
+    by_id = {str(t["id"]): t for t in tasks or []}
+    return "\n\n---\n\n".join(transcript(t, by_id.get(t.task_id)) for t in trajs[:limit]) + "\n"
