@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -132,6 +133,116 @@ def stage(
     rec.end_stage(slog)
     if name == STAGES[-1]:
         rec.close()
+
+
+def _sources(items: list[str]) -> dict[str, str] | None:
+    """``["grpo=outputs/x/checkpoints/grpo", "models:/agent-r1@champion", "path"]`` → {method: source}."""
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, _, src = item.rpartition("=") if "=" in item.split(":/")[0] else ("", "", item)
+        out[name or (src.split("@")[-1] if src.startswith("models:/") else Path(src).name)] = src
+    return out
+
+
+@app.command()
+def evaluate(
+    sources: list[str] = typer.Argument(None, help="[method=]checkpoint folder, hub id or models:/<name>@<alias>; "
+                                        "default: the pipeline's baselines, sft and RL checkpoints"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+    track: bool = TRACK,
+):
+    """Held-out evaluation (greedy, fixed seed): EM, F1, format, tool use, search recall, by hops.
+
+    A method named `naive_rag` is scored with the Naive RAG protocol (one retrieval with the
+    question, then the answer). Results are merged into <output_dir>/metrics/eval.json.
+    """
+    _quiet_libraries()
+    from agent_r1.pipeline import Recorder, stages
+    from agent_r1.progress import Progress
+
+    cfg = _config(pipeline, config_file, overrides)
+    tracker = _tracker(track)
+    rec = Recorder(cfg, tracker)
+    slog = rec.stage("evaluate") if tracker is not None else None
+    try:
+        results = stages.evaluate(cfg, slog or stages.NULL_LOG, Progress(), _sources(sources), tracker, merge=sources is not None)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(1) from None
+    finally:
+        if slog is not None:
+            rec.end_stage(slog)
+            rec.close()
+    console.print(results_table(results, f"held-out evaluation ({cfg.name}, split {cfg.eval.split})"))
+    console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
+
+
+@app.command()
+def show(
+    source: str = typer.Argument(..., help="checkpoint folder, hub id or models:/<name>@<alias>"),
+    n: int = typer.Option(3, "-n", help="episodes to show"),
+    hops: int = typer.Option(2, help="questions with this many hops"),
+    naive_rag: bool = typer.Option(False, help="use the Naive RAG protocol instead of the agent loop"),
+    out: Path = typer.Option(None, help="also write the transcripts to this markdown file"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+):
+    """Print a few held-out episodes as transcripts: question, each turn, observations, answer, reward."""
+    _quiet_libraries()
+    from rich.markdown import Markdown
+
+    from agent_r1.data.synthetic import load_split
+    from agent_r1.envs import MultiHopQAEnv, NaiveRAGEnv
+    from agent_r1.models import load_model
+    from agent_r1.run import Agent, evaluate_agent, make_search, tasks_for
+    from agent_r1.transcripts import transcripts
+
+    cfg = _config(pipeline, config_file, overrides)
+    if source.startswith(("models:/", "runs:/")):
+        source = str(_tracker(True).load_agent(source, cfg.out / "state" / "show_model"))
+    model, tokenizer = load_model(source)
+    data_dir = cfg.out / "data"
+    tasks = tasks_for(load_split(data_dir, cfg.eval.split), [hops], n, cfg.seed)
+    agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg, NaiveRAGEnv if naive_rag else MultiHopQAEnv)
+    _, trajs = evaluate_agent(agent, tasks)
+    text = transcripts(trajs, tasks, limit=n)
+    console.print(Markdown(text))
+    if out:
+        out.write_text(text)
+
+
+@app.command()
+def recall(
+    k: list[int] = typer.Option([1, 2, 5, 10], "-k", help="cut-offs"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+):
+    """Search recall@k of the gold documents for the raw questions of the eval split (the Naive
+    RAG retrieval); writes <output_dir>/metrics/retrieval.json. Run the prepare stage first."""
+    _quiet_libraries()
+    from agent_r1.data.synthetic import load_corpus, load_split
+    from agent_r1.evaluate import retrieval_recall
+    from agent_r1.tools import SearchIndex
+
+    cfg = _config(pipeline, config_file, overrides)
+    data_dir = cfg.out / "data"
+    test = load_split(data_dir, cfg.eval.split)
+    result = retrieval_recall(SearchIndex(load_corpus(data_dir)), test.to_dict("records"), tuple(k))
+    table = Table(title=f"search recall@k for the raw question ({cfg.name}, split {cfg.eval.split})")
+    for col in ["questions", "n", *[f"recall@{x}" for x in k]]:
+        table.add_column(col, justify="left" if col == "questions" else "right")
+    for name, row in result.items():
+        table.add_row(name, str(row["n"]), *[f"{row[f'recall@{x}']:.3f}" for x in k])
+    console.print(table)
+    out = cfg.out / "metrics" / "retrieval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
 
 
 @app.command("mlflow-ui")

@@ -19,7 +19,7 @@ class _Strict(BaseModel):
 
 class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa"] = "synthetic"
-    path: str | None = None  # hotpotqa: a .jsonl / .json file
+    path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
     # synthetic world (see agent_r1.data.synthetic.WorldConfig)
     seed: int = 0
     n_films: int = Field(2400, ge=4)
@@ -98,6 +98,10 @@ class EvalConfig(_Strict):
     hops: list[int] = [1, 2, 3]
     max_per_hop: int = Field(100, ge=1)
     temperature: float = Field(0.0, ge=0)  # 0: greedy
+    # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
+    # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
+    # the tools: for a hub model the instruct model itself, for the tiny model its random init).
+    baselines: list[Literal["naive_rag", "base_tool_call"]] = ["naive_rag", "base_tool_call"]
 
 
 class RegisterConfig(_Strict):
@@ -119,13 +123,25 @@ class RunConfig(_Strict):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     registry: RegisterConfig = RegisterConfig()
+    # A comparison pipeline trains several RL methods from the same SFT start with the same
+    # budget and seed: names as reported (ppo, grpo, reinforce_pp, reinforce_pp_baseline, rloo,
+    # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
+    methods: list[str] = []
 
     @model_validator(mode="after")
     def _check(self):
         from agent_r1.algorithms import ADVANTAGES
 
+        from agent_r1.rl import parse_method
+
         if self.rl.algorithm not in ADVANTAGES:
             raise ValueError(f"rl.algorithm: unknown estimator {self.rl.algorithm!r}; known: {sorted(ADVANTAGES)}")
+        for m in self.methods:
+            if parse_method(m)["algorithm"] not in ADVANTAGES:
+                raise ValueError(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
+                                 "(ppo = gae), optionally with _no_loss_mask or _no_adv_mask")
+        if self.sft.worlds and self.data.source != "synthetic":
+            raise ValueError("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             raise ValueError("env.max_new_tokens must be smaller than env.max_context_tokens")
         return self
@@ -174,6 +190,19 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _resolve(pipelines: dict, name: str, path: Path, seen: tuple = ()) -> dict:
+    """A pipeline's keys, on top of the pipeline it ``extends`` (deep merge)."""
+    if name in seen:
+        raise ConfigError(f"{path}: pipelines extend each other in a cycle: {' -> '.join(seen + (name,))}")
+    raw = dict(pipelines[name] or {})
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    if base not in pipelines:
+        raise ConfigError(f"{path}: pipeline {name!r} extends {base!r}, which is not defined; defined: {sorted(pipelines)}")
+    return _merge({k: v for k, v in _resolve(pipelines, base, path, seen + (name,)).items() if k not in ("name", "output_dir")}, raw)
+
+
 def load_config(pipeline: str = "default", path: str | Path = "pipelines.yaml", overrides: dict | None = None) -> RunConfig:
     """Read pipeline ``pipeline`` from ``path`` (if the file exists), apply overrides, validate."""
     raw: dict = {}
@@ -183,7 +212,7 @@ def load_config(pipeline: str = "default", path: str | Path = "pipelines.yaml", 
         pipelines = doc.get("pipelines", {})
         if pipeline not in pipelines:
             raise ConfigError(f"{path}: no pipeline named {pipeline!r}; defined: {sorted(pipelines)}")
-        raw = pipelines[pipeline] or {}
+        raw = _resolve(pipelines, pipeline, path)
     elif pipeline != "default":
         raise ConfigError(f"{path} not found (needed for pipeline {pipeline!r})")
     raw = _merge({"name": pipeline, "output_dir": f"outputs/{pipeline}"}, raw)

@@ -38,3 +38,17 @@ def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:
         idx = groups[hops]
         out[f"{hops}hop"] = summarize([trajs[i] for i in idx], [tasks[i] for i in idx])
     return out
+
+
+def retrieval_recall(index, tasks: list[dict], ks: tuple[int, ...] = (1, 2, 5, 10)) -> dict:
+    """Recall@k of the gold documents when searching with the raw question (Naive RAG's
+    retrieval), overall and by question type: ``{"all": {"recall@1": ...}, "<qtype>": {...}}``."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for t in tasks:
+        groups["all"].append(t)
+        groups[str(t.get("qtype", "?"))].append(t)
+    out = {}
+    for name, group in groups.items():
+        queries, gold = [t["question"] for t in group], [list(t["gold_titles"]) for t in group]
+        out[name] = {f"recall@{k}": round(index.recall_at_k(queries, gold, k), 4) for k in ks} | {"n": len(group)}
+    return out

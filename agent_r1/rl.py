@@ -20,6 +20,16 @@ NEEDS_CRITIC = {"gae", "step_gae"}
 METHOD_NAMES = {"gae": "ppo", "step_gae": "ppo_step"}
 
 
+def parse_method(method: str) -> dict:
+    """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``."""
+    masks = {"loss_mask": True, "adv_mask": True}
+    for suffix, key in (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask")):
+        if method.endswith(suffix):
+            method, masks[key] = method[: -len(suffix)], False
+    algorithm = {v: k for k, v in METHOD_NAMES.items()}.get(method, method)
+    return {"algorithm": algorithm, **masks}
+
+
 def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True) -> str:
     name = METHOD_NAMES.get(algorithm, algorithm)
     if not loss_mask:

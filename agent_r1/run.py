@@ -31,18 +31,35 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ data
 def prepare_data(cfg: RunConfig) -> Path:
-    """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``."""
+    """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``.
+
+    ``data.source: hotpotqa`` reads ``data.path``: a folder with ``train.jsonl`` and
+    ``dev.jsonl`` (the dev questions become the test split) or one file (test split only, no
+    training questions). The corpus is every context paragraph of the loaded questions.
+    """
     out = cfg.out / "data"
     if cfg.data.source == "synthetic":
         generate(cfg.data.world()).write(out)
-    else:
-        if not cfg.data.path:
-            raise ValueError("data.path must name a HotpotQA file when data.source is 'hotpotqa'")
-        out.mkdir(parents=True, exist_ok=True)
-        questions, corpus = load_hotpotqa(cfg.data.path, split="test")
-        corpus.to_parquet(out / "corpus.parquet", index=False)
-        questions.to_parquet(out / "test.parquet", index=False)
-        questions.iloc[:0].assign(split="train").to_parquet(out / "train.parquet", index=False)
+        return out
+    if not cfg.data.path:
+        raise ValueError("data.path must name a HotpotQA file or folder when data.source is 'hotpotqa'")
+    src = Path(cfg.data.path)
+    files = {"train": src / "train.jsonl", "test": src / "dev.jsonl"} if src.is_dir() else {"test": src}
+    missing = [str(f) for f in files.values() if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"data.path: not found: {', '.join(missing)}")
+    questions, corpora = {}, []
+    for split, f in files.items():
+        questions[split], corpus = load_hotpotqa(f, split=split)
+        corpora.append(corpus)
+    if "train" not in questions:
+        questions["train"] = questions["test"].iloc[:0].assign(split="train")
+    corpus = pd.concat(corpora).drop_duplicates("title").reset_index(drop=True)
+    corpus["doc_id"] = [f"hotpotqa-{i:06d}" for i in range(len(corpus))]
+    out.mkdir(parents=True, exist_ok=True)
+    corpus.to_parquet(out / "corpus.parquet", index=False)
+    for split, df in questions.items():
+        df.to_parquet(out / f"{split}.parquet", index=False)
     return out
 
 
@@ -74,10 +91,11 @@ class Agent:
     tokenizer: object
     search: object
     cfg: RunConfig
+    env_cls: type[MultiHopQAEnv] = MultiHopQAEnv  # NaiveRAGEnv for the Naive RAG baseline
 
     def make_env(self) -> MultiHopQAEnv:
         e = self.cfg.env
-        return MultiHopQAEnv(
+        return self.env_cls(
             search_tool=self.search,
             max_turns=e.max_turns,
             max_context_tokens=e.max_context_tokens,

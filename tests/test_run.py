@@ -85,10 +85,10 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert not (tmp_path / "state" / "rl").exists()  # resume state is dropped once a stage is done
     assert set(written) == {"test", "test_1hop", "test_2hop", "test_3hop"}
     for split in written.values():
-        assert set(split) == {"sft", "grpo"}
+        assert set(split) == {"base_tool_call", "naive_rag", "sft", "grpo"}
         assert {"em", "f1", "n", "tool_calls", "format_error_rate", "turns"} <= set(split["sft"])
     assert written["test_2hop"]["grpo"]["n"] == 4
-    history = json.loads((tmp_path / "metrics" / "train_history.json").read_text())
+    history = json.loads((tmp_path / "metrics" / "train" / "grpo.json").read_text())
     assert [h["iteration"] for h in history] == [1, 2]
     for name in ("sft", "grpo"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / name)

@@ -1,10 +1,10 @@
 """Environments: `ToolEnv` (parse a turn, run its tool calls, observe, reward) and task envs."""
 
 from agent_r1.envs.parsers import PARSERS, HermesParser, ParsedTurn, ToolCall, ToolCallParser, get_parser
-from agent_r1.envs.qa import MultiHopQAEnv
+from agent_r1.envs.qa import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.envs.tool_env import EnvStep, ToolEnv
 
-ENVS: dict[str, type[ToolEnv]] = {"multihop_qa": MultiHopQAEnv}
+ENVS: dict[str, type[ToolEnv]] = {"multihop_qa": MultiHopQAEnv, "naive_rag": NaiveRAGEnv}
 
 __all__ = [
     "ENVS",
@@ -12,6 +12,7 @@ __all__ = [
     "EnvStep",
     "HermesParser",
     "MultiHopQAEnv",
+    "NaiveRAGEnv",
     "ParsedTurn",
     "ToolCall",
     "ToolCallParser",

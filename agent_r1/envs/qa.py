@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
 from agent_r1.envs.tool_env import ToolEnv
 from agent_r1.rewards import (
@@ -89,3 +91,29 @@ class MultiHopQAEnv(ToolEnv):
             "found_gold": len(self.found_gold),
             "gold_recall": len(self.found_gold) / n_gold if n_gold else 0.0,
         }
+
+
+class NaiveRAGEnv(MultiHopQAEnv):
+    """The Naive RAG baseline: retrieve once with the raw question, then answer in one turn.
+
+    The retrieval is written into the opening messages as if the agent had searched for the
+    question verbatim (the same tool, the same top-k, the same rendering as an agent's search),
+    and the episode allows a single turn, which must be the answer.
+    """
+
+    def __init__(self, search_tool: Tool, **kw):
+        super().__init__(search_tool, **{**kw, "max_turns": 1})
+        self.search_tool = search_tool
+
+    def reset(self, task: dict) -> list[dict]:
+        from agent_r1.tools import run_tool
+
+        messages = super().reset(task)
+        args = {"query": task["question"]}
+        result = run_tool(self.search_tool, args)
+        _, self.found_gold = retrieval_reward(result.info.get("titles", []), task["gold_titles"], set(), 0.0)
+        call = {"name": self.search_name, "arguments": args}
+        return messages + [
+            {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+            {"role": "tool", "name": self.search_name, "content": result.text},
+        ]

@@ -27,6 +27,14 @@ class StageLog:
     def __bool__(self) -> bool:
         return self.tracker is not None
 
+    def child(self, name: str) -> "StageLog":
+        """A run nested in this one (e.g. one per method in a comparison)."""
+        return StageLog(self.tracker, self.tracker.stage_run(self.run_id, name)) if self else self
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self:
+            self.tracker.end_run(self.run_id, status)
+
     def metrics(self, values: dict, step: int | None = None) -> None:
         if self:
             self.tracker.log_metrics(self.run_id, values, step)
@@ -92,8 +100,7 @@ class Recorder:
         return StageLog(self.tracker, self.tracker.stage_run(self.run_id, name))
 
     def end_stage(self, log: StageLog, status: str = "FINISHED") -> None:
-        if log:
-            self.tracker.end_run(log.run_id, status)
+        log.end(status)
 
     def close(self, status: str = "FINISHED") -> None:
         """End the pipeline run; the next stage run starts a new pipeline run."""

@@ -9,7 +9,8 @@ Layout under ``<output_dir>``::
     data/{corpus,train,test}.parquet          prepare
     checkpoints/sft/                          sft        (Hugging Face folder)
     checkpoints/<method>/                     train      (method: grpo, ppo, rloo, ...)
-    metrics/{sft,train}_history.json          sft, train (DVC plots)
+    metrics/sft_history.json                  sft        (DVC plots)
+    metrics/train/<method>.json               train      (per-iteration RL metrics; DVC plots)
     metrics/eval.json                         evaluate   (split -> method -> metrics; DVC metrics)
     metrics/register.json                     register   (version, alias, why)
     state/                                    resume points (never a DVC output)
@@ -36,7 +37,7 @@ from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import build_tiny_model, load_model
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.progress import Progress
-from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, rollout, rollout_stats
+from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, parse_method, rollout, rollout_stats
 from agent_r1.rollout import HFEngine
 from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_search, oracle_demonstrations, prepare_data, tasks_for
 from agent_r1.sft import sft as sft_loop
@@ -72,6 +73,16 @@ def data_version(data_dir: Path) -> str:
 
 def rl_method(cfg: RunConfig) -> str:
     return method_name(cfg.rl.algorithm, cfg.rl.loss_mask, cfg.rl.adv_mask)
+
+
+def rl_methods(cfg: RunConfig) -> list[str]:
+    """The RL methods the pipeline trains: ``methods`` (a comparison) or just ``rl.algorithm``."""
+    return list(cfg.methods) or [rl_method(cfg)]
+
+
+def for_method(cfg: RunConfig, method: str) -> RunConfig:
+    """The config that trains ``method`` (its estimator and masks; everything else shared)."""
+    return cfg.model_copy(update={"rl": cfg.rl.model_copy(update=parse_method(method))})
 
 
 def checkpoint_dir(cfg: RunConfig, method: str) -> Path:
@@ -120,6 +131,10 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
     else:
         model, tokenizer = initial_model(cfg, data_dir, search)
+        if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
+            from agent_r1.learner import save_hf_checkpoint
+
+            save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
     agent = Agent(model, tokenizer, search, cfg)
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
     start, history = 0, []
@@ -186,7 +201,7 @@ class RLTrainer:
         self.rng = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.iteration, self.history = 0, []
-        self.state_dir = cfg.out / "state" / "rl"
+        self.state_dir = cfg.out / "state" / f"rl_{self.method}"
         self.fp = fingerprint(cfg, "data", "model", "env", "sft", "rl")
         if _resumable(self.state_dir, self.fp):
             client = self.learner.load_state(self.state_dir)
@@ -241,7 +256,7 @@ class RLTrainer:
 
     def finish(self) -> Path:
         out = self.learner.save(checkpoint_dir(self.cfg, self.method), self.tokenizer)
-        _write_json(self.cfg.out / "metrics" / "train_history.json", self.history)
+        _write_json(history_path(self.cfg, self.method), self.history)
         self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         return out
@@ -256,33 +271,77 @@ class RLTrainer:
         return self.finish()
 
 
-def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None, tracker=None) -> Path:
-    """RL from the SFT checkpoint (or ``rl.init_from``); writes ``checkpoints/<method>``."""
-    return RLTrainer(cfg, stage_log, tracker).run(progress)
+def history_path(cfg: RunConfig, method: str) -> Path:
+    return cfg.out / "metrics" / "train" / f"{method}.json"
+
+
+def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None, tracker=None,
+          methods: list[str] | None = None) -> list[Path]:
+    """RL from the SFT checkpoint (or ``rl.init_from``) for each method (default
+    :func:`rl_methods`); writes ``checkpoints/<method>``."""
+    methods = methods or rl_methods(cfg)
+    if len(methods) == 1:
+        return [RLTrainer(for_method(cfg, methods[0]), stage_log, tracker).run(progress)]
+    out = []
+    for m in methods:  # a comparison: one nested MLflow run per method, side by side
+        child = stage_log.child(m)
+        out.append(RLTrainer(for_method(cfg, m), child, tracker).run(progress))
+        child.end()
+    return out
+
+
+def base_model_path(cfg: RunConfig) -> str:
+    """The model before any training: the configured hub model, or the tiny model's init."""
+    return cfg.model.name_or_path or str(checkpoint_dir(cfg, "base"))
+
+
+def default_methods(cfg: RunConfig) -> dict[str, str]:
+    """What the evaluate stage scores: the baselines, the SFT start and the RL result."""
+    methods = {}
+    if "base_tool_call" in cfg.eval.baselines:
+        methods["base_tool_call"] = base_model_path(cfg)
+    if "naive_rag" in cfg.eval.baselines:
+        methods["naive_rag"] = str(checkpoint_dir(cfg, "sft"))
+    methods["sft"] = str(checkpoint_dir(cfg, "sft"))
+    return methods | {m: str(checkpoint_dir(cfg, m)) for m in rl_methods(cfg)}
 
 
 def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None,
-             checkpoints: dict[str, Path] | None = None) -> dict:
-    """Greedy held-out evaluation of each checkpoint; writes ``metrics/eval.json``.
+             checkpoints: dict[str, str] | None = None, tracker=None, merge: bool = False) -> dict:
+    """Greedy held-out evaluation of each method; writes ``metrics/eval.json``.
 
-    ``checkpoints`` maps method name → folder; by default the SFT start and the RL result.
+    ``checkpoints`` maps method name → a checkpoint folder, a hub id or a registry URI
+    (``models:/<name>@<alias>``, resolved through ``tracker``); default :func:`default_methods`.
+    The method ``naive_rag`` is scored with the Naive RAG protocol, every other one as an agent
+    with the search tool. With ``merge`` the results are added to an existing eval.json.
     """
-    if checkpoints is None:
-        checkpoints = {"sft": checkpoint_dir(cfg, "sft"), rl_method(cfg): checkpoint_dir(cfg, rl_method(cfg))}
+    from agent_r1.envs import NaiveRAGEnv
+
+    checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
     search = make_search(cfg, data_dir)
     test = load_split(data_dir, cfg.eval.split)
     tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
-    results: dict[str, dict] = {}
-    for method, path in checkpoints.items():
-        model, tokenizer = load_model(path)
-        by_hops, trajs = evaluate_agent(Agent(model, tokenizer, search, cfg), tasks, progress, f"eval {method}")
+    if not tasks:
+        raise ValueError(f"no {cfg.eval.split} questions with eval.hops={cfg.eval.hops} in {data_dir}")
+    path = cfg.out / "metrics" / "eval.json"
+    results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
+    for method, src in checkpoints.items():
+        src = str(src)
+        if src.startswith(("models:/", "runs:/")):
+            if tracker is None:
+                raise ValueError(f"evaluating {src} needs MLflow tracking")
+            src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
+        model, tokenizer = load_model(src)
+        env_cls = NaiveRAGEnv if method == "naive_rag" else Agent.env_cls
+        agent = Agent(model, tokenizer, search, cfg, env_cls)
+        by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             stage_log.metrics({f"{split}/{method}/{k}": v for k, v in metrics.items()})
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
-    _write_json(cfg.out / "metrics" / "eval.json", results)
-    stage_log.artifact(cfg.out / "metrics" / "eval.json")
+    _write_json(path, results)
+    stage_log.artifact(path)
     return results
 
 
@@ -372,7 +431,7 @@ def run_all(cfg: RunConfig, tracker=None, progress: Progress | None = None, with
         t0 = time.perf_counter()
         control(cfg, timings["train_s"], progress)
         timings["control_s"] = time.perf_counter() - t0
-        checkpoints = {m: checkpoint_dir(cfg, m) for m in ("sft", rl_method(cfg), "sft_control")}
+        checkpoints = default_methods(cfg) | {"sft_control": checkpoint_dir(cfg, "sft_control")}
     results = timed("evaluate", evaluate, progress, checkpoints)
     reg = timed("register", register, cfg, tracker, run_id) if tracker is not None else None
     timings["total_s"] = time.perf_counter() - t_all

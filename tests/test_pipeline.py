@@ -1,0 +1,188 @@
+"""Pipeline stages without an orchestrator: resume after a kill, baselines, comparisons, config
+inheritance, HotpotQA preparation, retrieval recall and transcripts."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_r1.config import ConfigError, load_config, parse_overrides
+from agent_r1.envs import MultiHopQAEnv, NaiveRAGEnv
+from agent_r1.evaluate import retrieval_recall
+from agent_r1.pipeline import stages
+from agent_r1.rl import method_name, parse_method
+from agent_r1.tools import SearchIndex, make_search_tool
+from agent_r1.trajectory import Step, Trajectory
+from agent_r1.transcripts import transcript
+
+from conftest import CORPUS, TASKS
+
+HOTPOTQA = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
+
+TINY = [
+    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=4",
+    "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=3", "model.tiny.num_layers=1",
+    "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+]
+
+
+def tiny_cfg(tmp_path, *extra):
+    return load_config("default", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *TINY, *extra]))
+
+
+def weights(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+# ------------------------------------------------------------------------------ resume
+def test_sft_resumed_from_its_last_state_matches_an_uninterrupted_run(tmp_path):
+    a = tiny_cfg(tmp_path / "a", "sft.checkpoint_every=5")
+    stages.prepare(a)
+    stages.sft(a)
+    assert not (a.out / "state" / "sft").exists()  # dropped once the stage is done
+
+    b = tiny_cfg(tmp_path / "b", "sft.checkpoint_every=5")
+    stages.prepare(b)
+    state = b.out / "state" / "sft"
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first_state(step, total, metrics):
+        if (state / "meta.json").exists():
+            raise Killed  # as if the process died right after the state at step 5 was written
+
+    import agent_r1.pipeline.stages as st
+
+    real = st.sft_loop
+
+    def dying_loop(*args, on_step=None, **kw):
+        def wrapped(step, total, m):
+            on_step(step, total, m)
+            kill_after_first_state(step, total, m)
+        return real(*args, on_step=wrapped, **kw)
+
+    st.sft_loop = dying_loop
+    try:
+        with pytest.raises(Killed):
+            stages.sft(b)
+    finally:
+        st.sft_loop = real
+    assert json.loads((state / "meta.json").read_text())["step"] == 5
+    assert not (b.out / "checkpoints" / "sft").exists()
+    stages.sft(b)  # resumes at step 5
+    wa, wb = weights(a.out / "checkpoints" / "sft"), weights(b.out / "checkpoints" / "sft")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_path):
+    cfg = tiny_cfg(tmp_path, "rl.checkpoint_every=2")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    trainer = stages.RLTrainer(cfg)
+    for _ in range(3):  # the state is saved after iteration 2; iteration 3 is lost in the "crash"
+        trainer.step()
+    del trainer
+    resumed = stages.RLTrainer(cfg)
+    assert resumed.iteration == 2 and [h["iteration"] for h in resumed.history] == [1, 2]
+    resumed.run()
+    history = json.loads((cfg.out / "metrics" / "train" / "grpo.json").read_text())
+    assert [h["iteration"] for h in history] == [1, 2, 3, 4]
+
+    changed = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tasks_per_iteration": 3})})
+    t = stages.RLTrainer(changed)
+    for _ in range(2):
+        t.step()
+    assert stages.RLTrainer(changed.model_copy(update={"seed": 1})).iteration == 0  # other seed: fresh
+
+
+# ------------------------------------------------------------------------------ comparison
+@pytest.mark.parametrize("algorithm, loss_mask, adv_mask, name", [
+    ("gae", True, True, "ppo"), ("grpo", False, True, "grpo_no_loss_mask"),
+    ("reinforce_pp_baseline", True, False, "reinforce_pp_baseline_no_adv_mask"), ("rloo", True, True, "rloo"),
+])
+def test_method_names_round_trip(algorithm, loss_mask, adv_mask, name):
+    assert method_name(algorithm, loss_mask, adv_mask) == name
+    assert parse_method(name) == {"algorithm": algorithm, "loss_mask": loss_mask, "adv_mask": adv_mask}
+
+
+def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("pipelines:\n  base: {rl: {iterations: 7, learner: {lr: 0.1}}, output_dir: x}\n"
+                 "  cmp: {extends: base, rl: {learner: {mini_batches: 3}}, methods: [ppo, rloo_no_adv_mask]}\n"
+                 "  bad: {extends: nope}\n  loop1: {extends: loop2}\n  loop2: {extends: loop1}\n")
+    cfg = load_config("cmp", f)
+    assert (cfg.rl.iterations, cfg.rl.learner.lr, cfg.rl.learner.mini_batches) == (7, 0.1, 3)
+    assert cfg.output_dir == "outputs/cmp"  # not inherited
+    assert stages.rl_methods(cfg) == ["ppo", "rloo_no_adv_mask"]
+    assert stages.for_method(cfg, "rloo_no_adv_mask").rl.adv_mask is False
+    with pytest.raises(ConfigError, match="extends 'nope'"):
+        load_config("bad", f)
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config("loop1", f)
+    with pytest.raises(ConfigError, match="methods: unknown method 'ppo2'"):
+        load_config("cmp", f, parse_overrides(["methods=[ppo2]"]))
+
+
+# ------------------------------------------------------------------------------ baselines
+def test_naive_rag_retrieves_once_with_the_question_and_allows_one_turn():
+    search = make_search_tool(SearchIndex(CORPUS), top_k=2)
+    env = NaiveRAGEnv(search, system_prompt=None)
+    task = TASKS[1]  # "Which river flows through Vienna?"
+    messages = env.reset(task)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert json.loads(messages[1]["content"][len("<tool_call>"):-len("</tool_call>")])["arguments"]["query"] == task["question"]
+    assert "(1) Danube:" in messages[2]["content"]
+    res = env.step("<answer>Danube</answer>")
+    assert res.done and res.info["em"] == 1.0 and res.info["gold_recall"] == 1.0
+    env.reset(task)
+    res = env.step('<tool_call>{"name": "search", "arguments": {"query": "Danube"}}</tool_call>')
+    assert res.done and res.info["em"] == 0.0  # a second search is not allowed: the one turn is over
+    assert MultiHopQAEnv(search).max_turns > 1
+
+
+def test_retrieval_recall_by_question_type():
+    index = SearchIndex(CORPUS)
+    tasks = [
+        {"question": "Which river flows through Vienna?", "gold_titles": ["Danube"], "qtype": "bridge"},
+        {"question": "Where is the Mona Lisa kept?", "gold_titles": ["Mona Lisa", "Louvre"], "qtype": "comparison"},
+    ]
+    r = retrieval_recall(index, tasks, ks=(1, 5))
+    assert r["bridge"] == {"recall@1": 1.0, "recall@5": 1.0, "n": 1}
+    assert r["comparison"]["recall@1"] == 0.5  # one of its two gold documents at k=1
+    assert r["all"]["recall@1"] == pytest.approx(0.75) and r["all"]["n"] == 2
+
+
+@pytest.mark.skipif(not HOTPOTQA.exists(), reason="needs ../shared/data/hotpotqa beside the checkout")
+def test_hotpotqa_folder_is_prepared_with_train_and_test_splits(tmp_path):
+    cfg = load_config("default", "pipelines.yaml", parse_overrides(
+        [f"output_dir={tmp_path}", "data.source=hotpotqa", f"data.path={HOTPOTQA}", "sft.worlds=0"]))
+    info = stages.prepare(cfg)
+    assert info["train_questions"] == 300 and info["test_questions"] == 300
+    from agent_r1.data.synthetic import load_corpus, load_split
+
+    corpus = load_corpus(tmp_path / "data")
+    assert corpus["title"].is_unique and corpus["doc_id"].is_unique
+    titles = set(corpus["title"])
+    for split in ("train", "test"):
+        assert all(set(g) <= titles for g in load_split(tmp_path / "data", split)["gold_titles"])
+    with pytest.raises(ConfigError, match="sft.worlds"):
+        load_config("default", "pipelines.yaml", parse_overrides(["data.source=hotpotqa", "sft.worlds=2"]))
+
+
+def test_transcript_shows_turns_observations_and_score():
+    traj = Trajectory("q1", 0, steps=[
+        Step([1], [2], [0.0], action_text='<tool_call>{"name": "search"}</tool_call>',
+             observation=[{"role": "tool", "name": "search", "content": "(1) Danube: a river"}], reward=0.2),
+        Step([1], [2], [0.0], action_text="<answer>Danube</answer>", format_error=False),
+    ], final_reward=1.0, metrics={"answer": "Danube", "em": 1.0, "f1": 1.0, "tool_calls": 1})
+    text = transcript(traj, TASKS[1])
+    assert "Which river flows through Vienna?" in text and "**Gold:** Danube" in text
+    assert "> **search:** (1) Danube: a river" in text and "step reward +0.20" in text
+    assert "**Answer:** 'Danube' · EM 1" in text
