@@ -96,6 +96,7 @@ def stage(
     config_file: Path = CONFIG,
     overrides: list[str] = SET,
     track: bool = TRACK,
+    method: list[str] = typer.Option([], "--method", "-m", help="train: only these RL methods (default: the pipeline's)"),
 ):
     """Run one pipeline stage (what dvc.yaml calls). Stages log into the pipeline's open MLflow
     run; the last stage (register) closes it."""
@@ -121,7 +122,8 @@ def stage(
         elif name == "prepare":
             console.print(stages.prepare(cfg, slog))
         elif name == "train":
-            console.print(f"wrote {stages.train(cfg, slog, Progress(), tracker)}")
+            for path in stages.train(cfg, slog, Progress(), tracker, methods=method or None):
+                console.print(f"wrote {path}")
         elif name == "evaluate":
             results = stages.evaluate(cfg, slog, Progress())
             console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))

@@ -67,6 +67,20 @@ def code_version() -> str:
         return "unknown"
 
 
+def dvc_data_hash(cfg: RunConfig, lock: Path = Path("dvc.lock")) -> str | None:
+    """The md5 DVC recorded for ``<output_dir>/data`` in dvc.lock (None outside a DVC run)."""
+    if not lock.exists():
+        return None
+    import yaml
+
+    want = Path(cfg.output_dir) / "data"
+    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+        for out in stage.get("outs", []):
+            if Path(out.get("path", "")) == want:
+                return out.get("md5")
+    return None
+
+
 class Recorder:
     """Opens (or, after a crash, reopens) the pipeline's MLflow run and hands out stage logs."""
 
@@ -83,6 +97,8 @@ class Recorder:
             run_id = json.loads(self.state_file.read_text())["run_id"]
         params = self.cfg.model_dump(mode="json")
         tags = {"pipeline": self.cfg.name, "code_version": code_version()}
+        if dvc_hash := dvc_data_hash(self.cfg):
+            tags["data_version_dvc"] = dvc_hash
         try:
             self.run_id = self.tracker.start_pipeline_run(self.cfg.name, params, tags, run_id=run_id)
         except ValueError as e:  # the config changed since the unfinished run: a new run

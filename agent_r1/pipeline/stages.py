@@ -279,11 +279,10 @@ def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | N
           methods: list[str] | None = None) -> list[Path]:
     """RL from the SFT checkpoint (or ``rl.init_from``) for each method (default
     :func:`rl_methods`); writes ``checkpoints/<method>``."""
-    methods = methods or rl_methods(cfg)
-    if len(methods) == 1:
-        return [RLTrainer(for_method(cfg, methods[0]), stage_log, tracker).run(progress)]
+    if not cfg.methods:
+        return [RLTrainer(cfg, stage_log, tracker).run(progress)]
     out = []
-    for m in methods:  # a comparison: one nested MLflow run per method, side by side
+    for m in methods or cfg.methods:  # a comparison: one nested MLflow run per method, side by side
         child = stage_log.child(m)
         out.append(RLTrainer(for_method(cfg, m), child, tracker).run(progress))
         child.end()
