@@ -1,0 +1,152 @@
+"""dvc.yaml with real DVC, in a scratch git repository (no mocks).
+
+The scratch repository holds copies of dvc.yaml, .dvcignore, .dvc/config and the agent_r1 code
+(the stages' code dependencies); its pipelines.yaml is the repository's default pipeline with the
+tiny sizes of tests/test_run.py. The stages run the installed ``agent-r1`` console script and log
+to an MLflow SQLite file in the scratch folder.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent_r1.config import _merge, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STAGES = ["prepare", "sft", "train", "evaluate", "register"]
+# tests/test_run.py's tiny sizes
+TINY = [
+    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=2",
+    "rl.tasks_per_iteration=4", "rl.group_size=2", "eval.max_per_hop=4", "model.tiny.num_layers=1",
+    "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+    "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
+]
+
+
+def _env(tmp: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_"))}
+    # DVC_NO_ANALYTICS: `dvc init` runs before .dvc/config (core.analytics false) is in place
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", DVC_NO_ANALYTICS="1",
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / 'mlflow.db'}")
+    return env
+
+
+def _run(args: list[str], cwd: Path, env: dict, timeout: int = 900) -> str:
+    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}):\n{out[-6000:]}"
+    return out
+
+
+def scratch_repo(tmp: Path, pipeline: dict) -> Path:
+    """A git + DVC repository with this project's DVC files, code and ``pipeline`` as default."""
+    repo = tmp / "repo"
+    repo.mkdir()
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    if ".dvc-site-cache/" not in (repo / ".gitignore").read_text():  # core.site_cache_dir
+        with open(repo / ".gitignore", "a") as f:
+            f.write("\n.dvc-site-cache/\n")
+    shutil.copytree(ROOT / "agent_r1", repo / "agent_r1", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": {"default": pipeline}}, sort_keys=False))
+    env = _env(tmp)
+    _run(["git", "init", "-q"], repo, env)
+    _run(["git", "config", "user.name", "test"], repo, env)
+    _run(["git", "config", "user.email", "test@example.invalid"], repo, env)
+    # `dvc init` runs before .dvc/config exists: point its site cache into the repository too
+    _run([str(BIN / "dvc"), "init", "-q"], repo, env | {"DVC_SITE_CACHE_DIR": str(repo / ".dvc-site-cache")})
+    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    _run(["git", "add", "-A"], repo, env)
+    _run(["git", "commit", "-qm", "scratch"], repo, env)
+    return repo
+
+
+def repo_default() -> dict:
+    return yaml.safe_load((ROOT / "pipelines.yaml").read_text())["pipelines"]["default"]
+
+
+def ran(output: str) -> list[str]:
+    return re.findall(r"Running stage '(\w+)'", output)
+
+
+def test_dvc_yaml_params_deps_and_config_resolve(tmp_path, monkeypatch):
+    """Every param dvc.yaml lists exists in the repository's pipelines.yaml, every code
+    dependency exists, no stage touches state/, and .dvc/config keeps DVC offline and its site
+    cache inside the project."""
+    repo = scratch_repo(tmp_path, repo_default())
+    monkeypatch.chdir(repo)  # core.site_cache_dir is relative to where DVC runs
+    monkeypatch.delenv("DVC_SITE_CACHE_DIR", raising=False)
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as dvc:
+        core = dvc.config["core"]
+        assert core["analytics"] is False and core["check_update"] is False
+        assert Path(dvc.site_cache_dir).resolve().is_relative_to(repo.resolve())
+        stages = {s.name: s for s in dvc.index.stages}
+        assert list(stages) == STAGES
+        for name, stage in stages.items():
+            assert stage.cmd == f"agent-r1 stage {name} -p default"
+            for dep in stage.deps:
+                path = Path(dep.fs_path).relative_to(repo).as_posix()
+                if isinstance(dep, ParamsDependency):
+                    missing = set(dep.params) - set(dep.read_params())
+                    assert not missing, f"{name}: {path} lacks {sorted(missing)}"
+                elif not path.startswith("outputs/"):
+                    assert dep.exists, f"{name}: code dependency {path} does not exist"
+            for out in stage.outs:
+                path = Path(out.fs_path).relative_to(repo).as_posix()
+                assert path.startswith("outputs/default/") and "/state" not in path, path
+    assert (repo / ".dvc-site-cache" / "repo").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # eight stage processes: about 4 min on a busy 2-core machine
+def test_dvc_repro_exp_run_and_metrics(tmp_path):
+    """`dvc repro` runs the five stages; again it runs none; `dvc exp run -S` with a changed RL
+    and eval parameter re-runs train, evaluate and register only; metrics show the numbers."""
+    repo = scratch_repo(tmp_path, _merge(repo_default(), parse_overrides(TINY)))
+    env = _env(tmp_path)
+    dvc = [str(BIN / "dvc")]
+    out = repo / "outputs" / "default"
+
+    assert ran(_run(dvc + ["repro"], repo, env)) == STAGES
+    eval_json = json.loads((out / "metrics" / "eval.json").read_text())
+    assert eval_json["test_2hop"]["grpo"]["n"] == 4 and "sft" in eval_json["test"]
+    assert [h["iteration"] for h in json.loads((out / "metrics" / "train" / "grpo.json").read_text())] == [1, 2]
+    assert int(json.loads((out / "metrics" / "register.json").read_text())["version"]) == 1
+    assert (repo / ".dvc-site-cache" / "repo").is_dir()  # core.site_cache_dir is honoured
+    metrics = json.loads(_run(dvc + ["metrics", "show", "--json"], repo, env))
+    assert metrics[""]["data"]["outputs/default/metrics/eval.json"]["data"] == eval_json
+
+    second = _run(dvc + ["repro"], repo, env)
+    assert ran(second) == [] and "Data and pipelines are up to date" in _run(dvc + ["status"], repo, env)
+
+    _run(["git", "add", "dvc.lock"], repo, env)
+    _run(["git", "commit", "-qm", "baseline"], repo, env)
+    kept = {p: p.stat().st_mtime_ns for p in (out / "data" / "train.parquet", out / "checkpoints" / "sft" / "config.json")}
+    (out / "state" / "keep").write_text("resume points live here")  # not an output: DVC leaves it
+    exp = _run(dvc + ["exp", "run", "-n", "smaller", "-S", "pipelines.yaml:pipelines.default.rl.iterations=3",
+                      "-S", "pipelines.yaml:pipelines.default.eval.max_per_hop=2"], repo, env)
+    assert ran(exp) == ["train", "evaluate", "register"]
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
+    assert (out / "state" / "keep").exists()
+    eval_json = json.loads((out / "metrics" / "eval.json").read_text())
+    assert eval_json["test_2hop"]["grpo"]["n"] == 2
+    assert len(json.loads((out / "metrics" / "train" / "grpo.json").read_text())) == 3
+    assert int(json.loads((out / "metrics" / "register.json").read_text())["version"]) == 2
+
+    # the experiment's metrics are readable from its commit (outputs/ is git-ignored: cached outs)
+    rows = json.loads(_run(dvc + ["exp", "show", "--json"], repo, env))
+    exps = {e["name"]: e for row in rows for group in row.get("experiments") or [] for e in group["revs"]}
+    shown = exps["smaller"]["data"]["metrics"]["outputs/default/metrics/eval.json"]["data"]
+    assert shown == eval_json
+    assert exps["smaller"]["data"]["params"]["pipelines.yaml"]["data"]["pipelines"]["default"]["rl"]["iterations"] == 3
