@@ -57,9 +57,15 @@ def _write_json(path: Path, obj) -> None:
 
 
 def fingerprint(cfg: RunConfig, *sections: str) -> str:
-    """A hash of the config sections that shape a stage's result (a resume needs it unchanged)."""
-    dump = cfg.model_dump(mode="json")
-    return hashlib.sha256(json.dumps([cfg.seed] + [dump[s] for s in sections], sort_keys=True).encode()).hexdigest()[:16]
+    """A hash of the config sections (dotted paths) that shape a stage's result; a resume needs
+    it unchanged."""
+    def get(path: str):
+        node = cfg.model_dump(mode="json")
+        for key in path.split("."):
+            node = node[key]
+        return node
+
+    return hashlib.sha256(json.dumps([cfg.seed] + [get(s) for s in sections], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def data_version(data_dir: Path) -> str:
@@ -122,7 +128,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     data_dir = cfg.out / "data"
     search = make_search(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
-    fp = fingerprint(cfg, "data", "model", "env", "sft")
+    fp = fingerprint(cfg, "data", "model", "env", "sft", "rl.learner")  # SFT's optimizer: rl.learner
     resume = _resumable(state_dir, fp)
     if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
         from transformers import AutoTokenizer
