@@ -103,10 +103,14 @@ def split_by_tokens(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> l
     return out
 
 
-def _trim(batch: dict, rows: torch.Tensor) -> dict:
-    """Select rows and cut the padding columns they do not need."""
+def _trim(batch: dict, rows: torch.Tensor, device: torch.device | None = None) -> dict:
+    """Select rows, cut the padding columns they do not need, move them to ``device``."""
     T = int(batch["attention_mask"][rows].sum(1).max())
-    return {k: (v[rows, :T] if v.dim() == 2 else v[rows]) for k, v in batch.items()}
+    return {k: (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for k, v in batch.items()}
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
 
 
 class ValueModel(torch.nn.Module):
@@ -154,9 +158,9 @@ class Learner:
         out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
         lengths = batch["attention_mask"].sum(1)
         for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, rows)
+            mb = _trim(batch, rows, _device(model))
             T = mb["input_ids"].shape[1]
-            out[rows, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature)
+            out[rows, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature).float().cpu()
         model.train(was)
         return out
 
@@ -165,8 +169,8 @@ class Learner:
         out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
         lengths = batch["attention_mask"].sum(1)
         for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, rows)
-            out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"])
+            mb = _trim(batch, rows, _device(self.critic))
+            out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"]).float().cpu()
         return out
 
     # ---------------------------------------------------------------- updates
@@ -186,7 +190,7 @@ class Learner:
         lengths = batch["attention_mask"].sum(1)
         sums: dict[str, float] = {}
         for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, micro)
+            mb = _trim(batch, micro, _device(engine))
             w = self._weight(mb[mask_key], total)
             if w == 0:
                 continue

@@ -65,9 +65,10 @@ class HFEngine(RolloutEngine):
         greedy = params.temperature <= 0
         was_training = self.model.training
         self.model.eval()
+        device = next(self.model.parameters()).device
         res = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attn,
+            input_ids=input_ids.to(device),
+            attention_mask=attn.to(device),
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p,
