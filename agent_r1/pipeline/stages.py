@@ -8,7 +8,7 @@ Layout under ``<output_dir>``::
 
     data/{corpus,train,test}.parquet          prepare
     checkpoints/sft/                          sft        (Hugging Face folder)
-    checkpoints/<method>/                     train      (method: grpo, ppo, rloo, ...)
+    rl/<method>/                              train      (method: grpo, ppo, rloo, ...)
     metrics/sft_history.json                  sft        (DVC plots)
     metrics/train/<method>.json               train      (per-iteration RL metrics; DVC plots)
     metrics/eval.json                         evaluate   (split -> method -> metrics; DVC metrics)
@@ -91,8 +91,16 @@ def for_method(cfg: RunConfig, method: str) -> RunConfig:
     return cfg.model_copy(update={"rl": cfg.rl.model_copy(update=parse_method(method))})
 
 
+SUPERVISED = ("base", "sft", "sft_control")
+
+
 def checkpoint_dir(cfg: RunConfig, method: str) -> Path:
-    return cfg.out / "checkpoints" / method
+    """``checkpoints/<base|sft|sft_control>``; an RL method's agent is in ``rl/<method>``.
+
+    All RL results share the ``rl/`` folder (one DVC output whatever the algorithm), so
+    ``dvc exp run -S ...rl.algorithm=rloo`` needs no change to dvc.yaml.
+    """
+    return cfg.out / ("checkpoints" if method in SUPERVISED else "rl") / method
 
 
 def _resumable(state_dir: Path, fp: str) -> bool:
@@ -284,7 +292,7 @@ def history_path(cfg: RunConfig, method: str) -> Path:
 def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None, tracker=None,
           methods: list[str] | None = None) -> list[Path]:
     """RL from the SFT checkpoint (or ``rl.init_from``) for each method (default
-    :func:`rl_methods`); writes ``checkpoints/<method>``."""
+    :func:`rl_methods`); writes ``rl/<method>``."""
     if not cfg.methods:
         return [RLTrainer(cfg, stage_log, tracker).run(progress)]
     out = []
