@@ -247,6 +247,25 @@ def recall(
     out.write_text(json.dumps(result, indent=1))
 
 
+@app.command()
+def table(
+    in_domain: str = typer.Option("test_2hop", help="eval.json split of the question types RL trains on"),
+    out_domain: str = typer.Option("test_3hop", help="eval.json split of questions RL never trains on"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+):
+    """Print the comparison table (markdown) of a pipeline's metrics/eval.json."""
+    from agent_r1.evaluate import comparison_markdown
+
+    cfg = _config(pipeline, config_file, overrides)
+    path = cfg.out / "metrics" / "eval.json"
+    if not path.exists():
+        console.print(f"[red]{path} not found: run the pipeline (or `agent-r1 evaluate`) first[/red]")
+        raise typer.Exit(1)
+    sys.stdout.write(comparison_markdown(json.loads(path.read_text()), in_domain, out_domain))
+
+
 @app.command("mlflow-ui")
 def mlflow_ui(port: int = typer.Option(5000, help="port on 127.0.0.1")):
     """Open the MLflow UI on this project's tracking store (127.0.0.1 only)."""

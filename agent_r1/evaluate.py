@@ -52,3 +52,22 @@ def retrieval_recall(index, tasks: list[dict], ks: tuple[int, ...] = (1, 2, 5, 1
         queries, gold = [t["question"] for t in group], [list(t["gold_titles"]) for t in group]
         out[name] = {f"recall@{k}": round(index.recall_at_k(queries, gold, k), 4) for k in ks} | {"n": len(group)}
     return out
+
+
+METHOD_ORDER = ["naive_rag", "base_tool_call", "sft", "sft_control", "ppo", "grpo", "reinforce_pp",
+                "reinforce_pp_baseline", "rloo"]
+
+
+def comparison_markdown(results: dict, in_domain: str, out_domain: str) -> str:
+    """The Agent-R1-style table from eval.json: EM/F1 in-domain and out-of-domain, their mean,
+    tool calls and valid-format rate per method (baselines first, ablations last)."""
+    methods = list(results.get(in_domain, {}))
+    methods.sort(key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    rows = [f"| method | {in_domain} EM | F1 | {out_domain} EM | F1 | mean EM | tool calls | valid format |",
+            "|---|---|---|---|---|---|---|---|"]
+    for m in methods:
+        a, b = results[in_domain][m], results.get(out_domain, {}).get(m, {})
+        mean = (a["em"] + b["em"]) / 2 if b else a["em"]
+        rows.append(f"| {m} | {a['em']:.3f} | {a['f1']:.3f} | {b.get('em', float('nan')):.3f} | {b.get('f1', float('nan')):.3f} "
+                    f"| {mean:.3f} | {a['tool_calls']:.2f} | {1 - a['format_error_rate']:.3f} |")
+    return "\n".join(rows) + "\n"

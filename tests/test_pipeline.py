@@ -186,3 +186,14 @@ def test_transcript_shows_turns_observations_and_score():
     assert "Which river flows through Vienna?" in text and "**Gold:** Danube" in text
     assert "> **search:** (1) Danube: a river" in text and "step reward +0.20" in text
     assert "**Answer:** 'Danube' · EM 1" in text
+
+
+def test_comparison_table_orders_baselines_first_and_averages_domains():
+    from agent_r1.evaluate import comparison_markdown
+
+    m = lambda em: {"em": em, "f1": em + 0.1, "tool_calls": 1.5, "format_error_rate": 0.25}
+    results = {"test_2hop": {"rloo": m(0.4), "naive_rag": m(0.1), "ppo_no_adv_mask": m(0.3)},
+               "test_3hop": {"rloo": m(0.2), "naive_rag": m(0.0), "ppo_no_adv_mask": m(0.1)}}
+    lines = comparison_markdown(results, "test_2hop", "test_3hop").splitlines()
+    assert [line.split(" | ")[0][2:] for line in lines[2:]] == ["naive_rag", "rloo", "ppo_no_adv_mask"]
+    assert lines[3] == "| rloo | 0.400 | 0.500 | 0.200 | 0.300 | 0.300 | 1.50 | 0.750 |"
