@@ -1,4 +1,4 @@
-# Two front doors: `make run` (install + the default pipeline) and `make test` (install + tests).
+# Two front doors: `make run` (install + the default pipeline as a Prefect flow) and `make test`.
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -12,8 +12,9 @@ $(BIN)/.installed: pyproject.toml constraints-cpu.txt
 
 install: $(BIN)/.installed
 
+# The default pipeline as a Prefect flow (embedded server), tracked in MLflow, agent registered.
 run: install
-	$(BIN)/agent-r1 train $(ARGS)
+	$(BIN)/python -m flows.training $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)

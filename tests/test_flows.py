@@ -1,0 +1,300 @@
+"""The Prefect flows with real Prefect and real MLflow (SQLite in a temp folder), tiny sizes.
+
+One embedded Prefect server (``prefect_test_harness``) serves the whole module; the deployment
+test starts its own ``prefect server`` and ``python -m flows.deploy`` as subprocesses. Nothing
+here imports Prefect at collection time: ``PREFECT_HOME`` must point at a temp folder first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent_r1.tracking import Tracker
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.tasks_per_iteration=4",
+    "rl.group_size=2", "eval.max_per_hop=4", "model.tiny.num_layers=1", "model.tiny.hidden_size=32",
+    "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
+    "model.tiny.vocab_size=400",
+    # the gate compares rewards: at these sizes EM is 0 for every agent, the reward is not
+    "registry.metric=reward",
+]
+
+
+def tiny(out: Path, *more: str) -> list[str]:
+    return TINY + [f"output_dir={out}", *more]
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    """Prefect's home (profiles, UI build, local storage) in a temp folder, set before Prefect loads."""
+    home = tmp_path_factory.mktemp("prefect_home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PREFECT_HOME", str(home))
+    yield home
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def harness(prefect_home):
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        from prefect.settings import PREFECT_API_URL
+
+        yield PREFECT_API_URL.value()
+
+
+def mlflow_env(monkeypatch, root: Path) -> Tracker:
+    uri = f"sqlite:///{root}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return Tracker(uri=uri, project_dir=root)
+
+
+@pytest.fixture(scope="module")
+def trained(harness, tmp_path_factory):
+    """One training flow run. SFT long enough that the agent beats a random model on reward."""
+    from flows.training import TrainingParams, training_flow
+
+    root = tmp_path_factory.mktemp("trained")
+    mp = pytest.MonkeyPatch()
+    tracker = mlflow_env(mp, root)
+    try:
+        state = training_flow(TrainingParams(overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2")),
+                              return_state=True)
+    finally:
+        mp.undo()
+    return {"out": root / "out", "tracker": tracker, "state": state, "result": state.result()}
+
+
+def _flow_run_records(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    client = get_client(sync_client=True)
+    only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    return client.read_task_runs(flow_run_filter=only), client.read_artifacts(flow_run_filter=only)
+
+
+@pytest.mark.slow
+def test_training_flow_runs_every_stage_and_registers(trained):
+    out, tracker, result = trained["out"], trained["tracker"], trained["result"]
+    assert trained["state"].is_completed()
+    written = json.loads((out / "metrics" / "eval.json").read_text())
+    assert {"sft", "grpo"} <= set(written["test"]) and written["test"]["grpo"] == result["eval"]["test"]["grpo"]
+    # MLflow: one finished pipeline run, a nested run per stage, a metric point per RL iteration
+    run_id = result["mlflow_run_id"]
+    assert tracker.run_info(run_id)["status"] == "FINISHED"
+    stages = tracker.child_runs(run_id)
+    assert set(stages) == {"prepare", "sft", "train", "evaluate", "register"}
+    assert [step for step, _ in tracker.metric_history(stages["train"], "reward_mean")] == [1, 2]
+    assert tracker.run_info(stages["prepare"])["params"]["data_version"] == result["data_version"]
+    # the registry: the first agent is the champion
+    reg = result["register"]
+    assert reg["alias"] == "champion" and tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]
+    # Prefect: each piece of each RL iteration is a task run; progress and report artifacts
+    task_runs, artifacts = _flow_run_records(trained["state"].state_details.flow_run_id)
+    names = {t.name for t in task_runs}
+    per_iteration = {f"{p}-grpo-{i}" for p in ("rollout", "annotate", "update", "end-iteration") for i in (1, 2)}
+    assert per_iteration <= names
+    assert {"prepare", "sft", "rl-setup", "rl-finish", "evaluate", "register"} <= {n.rsplit("-", 1)[0] for n in names}
+    assert all(t.state.is_completed() for t in task_runs)
+    # the data passed between the pieces (opaque to Prefect) still links them in the run graph
+    by_name = {t.name: t for t in task_runs}
+    assert [i.id for i in by_name["annotate-grpo-2"].task_inputs["trajs"]] == [by_name["rollout-grpo-2"].id]
+    assert [i.id for i in by_name["end-iteration-grpo-2"].task_inputs["stats"]] == [by_name["update-grpo-2"].id]
+    by_type = {a.type: a for a in artifacts}
+    assert by_type["progress"].data == 100.0 and "iteration 2/2" in by_type["progress"].description
+    report = by_type["markdown"].data
+    assert "| test | grpo |" in report and f"version {reg['version']} as **champion**" in report
+
+
+@pytest.mark.slow
+def test_evaluation_flow_scores_a_registered_agent(trained, tmp_path, monkeypatch):
+    from flows.evaluation import EvaluationParams, evaluation_flow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", trained["tracker"].uri)
+    sft_dir = str(trained["out"] / "checkpoints" / "sft")
+    res = evaluation_flow(EvaluationParams(overrides=tiny(tmp_path / "out"),
+                                           models={"champion": "models:/agent-r1@champion", "sft": sft_dir}))
+    trained_eval = trained["result"]["eval"]
+    assert set(res["eval"]["test"]) == {"champion", "sft"}
+    # the same data version and tasks as training: the registered agent scores as it did there
+    assert res["data_version"] == trained["result"]["data_version"]
+    assert res["eval"]["test"]["champion"] == trained_eval["test"]["grpo"]
+    assert res["eval"]["test"]["sft"] == trained_eval["test"]["sft"]
+    assert trained["tracker"].run_info(res["mlflow_run_id"])["status"] == "FINISHED"
+
+
+@pytest.mark.slow
+def test_retraining_promotes_only_a_better_agent(trained, tmp_path, monkeypatch):
+    """A weak champion (the random init) is replaced by a trained agent; an agent that only
+    equals the champion (RL for 0 iterations from it) stays challenger."""
+    from flows.retrain import retraining_flow
+    from flows.training import PipelineParams
+
+    ev = trained["result"]["eval"]["test"]
+    assert ev["sft"]["reward"] > ev["base_tool_call"]["reward"], "the tiny SFT agent must beat its random init"
+    tracker = mlflow_env(monkeypatch, tmp_path)
+    seed_run = tracker.start_pipeline_run("weak-champion", {})
+    weak = tracker.log_agent(seed_run, trained["out"] / "checkpoints" / "base", "agent-r1", alias="champion")
+    sft_dir = trained["out"] / "checkpoints" / "sft"
+
+    better = retraining_flow(PipelineParams(overrides=tiny(tmp_path / "r1", f"rl.init_from={sft_dir}", "rl.iterations=1")))
+    reg = better["register"]
+    assert better["promoted"] and reg["alias"] == "champion" and "beats champion" in reg["reason"]
+    assert reg["score"] > reg["champion_score"] == better["eval"]["test"]["champion"]["reward"]
+    assert better["champion"] == f"models:/agent-r1/{weak}"
+    assert tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]
+
+    same = retraining_flow(PipelineParams(overrides=tiny(tmp_path / "r2", "rl.iterations=0")))
+    reg2 = same["register"]
+    assert same["init_from"] == f"models:/agent-r1/{reg['version']}"  # RL started from the champion
+    assert not same["promoted"] and reg2["alias"] == "challenger" and "does not beat" in reg2["reason"]
+    assert reg2["score"] == reg2["champion_score"]
+    assert tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]
+    assert tracker.alias_version("agent-r1", "challenger")["version"] == reg2["version"]
+
+
+def _python_env(**extra: str) -> dict:
+    from agent_r1.pipeline.env import OFFLINE  # also for `prefect server`, which never imports flows
+
+    env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    # this process's DeepSpeed process group (started by an earlier test) set these; a child
+    # that inherited them would try to bind the same rendezvous port
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "PREFECT_API_KEY"):
+        env.pop(var, None)
+    return env
+
+
+@pytest.mark.slow
+def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, tmp_path):
+    """kill -9 after the first RL state is saved; the re-run continues the iterations and the
+    MLflow pipeline run, and finishes."""
+    iterations = 8
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "flows.training", "--no-register"]
+    for o in tiny(out, f"rl.iterations={iterations}", "rl.checkpoint_every=1"):
+        cmd += ["-s", o]
+    env = _python_env(PREFECT_API_URL=harness, PREFECT_HOME=str(prefect_home),
+                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    meta = out / "state" / "rl_grpo" / "meta.json"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not meta.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    saved = json.loads(meta.read_text())["step"]
+    assert 1 <= saved < iterations
+    run_id = json.loads((out / "state" / "mlflow_run.json").read_text())["run_id"]
+
+    second = subprocess.run(cmd, check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=600)
+    log = second.stdout
+    (tmp_path / "second.log").write_text(log)
+    assert second.returncode == 0, log[-3000:]
+    assert "RL grpo: resuming after iteration" in log
+    history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
+    assert [h["iteration"] for h in history] == list(range(1, iterations + 1))
+    tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
+    pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'default'")
+    assert [r.info.run_id for r in pipeline_runs] == [run_id]
+    assert tracker.run_info(run_id)["status"] == "FINISHED"
+    train_run = tracker.child_runs(run_id)["train"]
+    assert {s for s, _ in tracker.metric_history(train_run, "reward_mean")} == set(range(1, iterations + 1))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "prefect server exited"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"no Prefect server at {url} after {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a process this test started, and its children (it leads its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
+    """A real `prefect server`, `python -m flows.deploy` against it, a run triggered through
+    the API (as the UI does) that completes: retraining on an empty registry (SFT, RL, register)."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    home = tmp_path / "prefect_home"
+    env = _python_env(PREFECT_HOME=str(home), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
+                      PREFECT_RUNNER_POLL_FREQUENCY="1",  # the served process picks up new runs within 1 s
+                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve")}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=tmp_path, env=env, stdout=logs["server"],
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    served = None
+    try:
+        _wait_healthy(api, server, timeout=180)
+        served = subprocess.Popen([sys.executable, "-m", "flows.deploy", "--cron", "0 4 * * 0"], cwd=REPO, env=env,
+                                  stdout=logs["serve"], stderr=subprocess.STDOUT, start_new_session=True)
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            client = get_client(sync_client=True)
+            deadline = time.monotonic() + 180
+            while True:
+                assert served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                names = {d.name for d in client.read_deployments()}
+                if names >= {"training", "evaluation", "retraining"}:
+                    break
+                assert time.monotonic() < deadline, names
+                time.sleep(1)
+            retraining = client.read_deployment_by_name("retraining/retraining")
+            assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
+            overrides = tiny(tmp_path / "out", "rl.iterations=2")
+            run = run_deployment("retraining/retraining", parameters={"params": {"overrides": overrides}},
+                                 timeout=400, poll_interval=1)
+            assert run.state.is_completed(), (tmp_path / "serve.log").read_text()[-3000:]
+        tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
+        champion = tracker.alias_version("agent-r1", "champion")
+        assert champion is not None and champion["version"] == "1"
+        assert (tmp_path / "out" / "checkpoints" / "sft" / "config.json").exists()  # no champion: SFT first
+    finally:
+        for proc in (served, server):
+            if proc is not None:
+                _stop(proc)
+        for f in logs.values():
+            f.close()
