@@ -95,6 +95,14 @@ def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_
     history = json.loads((cfg.out / "metrics" / "train" / "grpo.json").read_text())
     assert [h["iteration"] for h in history] == [1, 2, 3, 4]
 
+    # a re-run after a crash in a later stage skips the finished ones (same config)
+    sft_weights = cfg.out / "checkpoints" / "sft" / "model.safetensors"
+    mtime = sft_weights.stat().st_mtime_ns
+    stages.sft(cfg)
+    assert sft_weights.stat().st_mtime_ns == mtime
+    again = stages.RLTrainer(cfg)
+    assert again.complete and again.done and again.finish() == cfg.out / "rl" / "grpo"
+
     changed = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tasks_per_iteration": 3})})
     t = stages.RLTrainer(changed)
     for _ in range(2):

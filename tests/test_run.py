@@ -90,8 +90,8 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert written["test_2hop"]["grpo"]["n"] == 4
     history = json.loads((tmp_path / "metrics" / "train" / "grpo.json").read_text())
     assert [h["iteration"] for h in history] == [1, 2]
-    for name in ("sft", "grpo"):
-        AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / name)
+    for path in ("checkpoints/base", "checkpoints/sft", "rl/grpo"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / path)
 
 
 def test_demonstrations_from_fresh_worlds_do_not_reuse_the_training_split(tmp_path):

@@ -30,13 +30,17 @@ def init_distributed(backend: str | None = None) -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+    single = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
+    os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     log.info("starting DeepSpeed (%s); the first run on a machine compiles a C++ op (~30 s)", backend)
     t0 = time.perf_counter()
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    try:
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    finally:
+        # A subprocess started later must not inherit our rendezvous port (it would collide);
+        # the rank variables stay, DeepSpeed's engine reads LOCAL_RANK.
+        for k in {"MASTER_ADDR", "MASTER_PORT"} & set(added):
+            os.environ.pop(k, None)
     log.info("DeepSpeed ready in %.1f s", time.perf_counter() - t0)

@@ -113,6 +113,16 @@ def _resumable(state_dir: Path, fp: str) -> bool:
     return False
 
 
+def _complete(out_dir: Path, fp: str) -> bool:
+    """Did a finished stage write ``out_dir`` under this same config? (Then a re-run skips it.)"""
+    marker = out_dir / "agent_r1_stage.json"
+    return marker.exists() and json.loads(marker.read_text()).get("fingerprint") == fp
+
+
+def _mark_complete(out_dir: Path, fp: str) -> None:
+    _write_json(out_dir / "agent_r1_stage.json", {"fingerprint": fp})
+
+
 def _save_state(learner: Learner, state_dir: Path, fp: str, client: dict, tokenizer=None) -> None:
     learner.save_state(state_dir, client, tokenizer)
     _write_json(state_dir / "meta.json", {"fingerprint": fp, "step": client["step"]})
@@ -132,11 +142,14 @@ def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
 def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None) -> Path:
     """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``."""
     progress = progress or Progress.null()
+    fp = fingerprint(cfg, "data", "model", "env", "sft", "rl.learner")  # SFT's optimizer: rl.learner
+    if _complete(checkpoint_dir(cfg, "sft"), fp):  # e.g. a flow re-run after a crash in RL
+        log.info("sft: %s is up to date for this config; skipping", checkpoint_dir(cfg, "sft"))
+        return checkpoint_dir(cfg, "sft")
     torch.manual_seed(cfg.seed)
     data_dir = cfg.out / "data"
     search = make_search(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
-    fp = fingerprint(cfg, "data", "model", "env", "sft", "rl.learner")  # SFT's optimizer: rl.learner
     resume = _resumable(state_dir, fp)
     if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
         from transformers import AutoTokenizer
@@ -173,6 +186,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
                  cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
     out = learner.save(checkpoint_dir(cfg, "sft"), tokenizer)
     _write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
+    _mark_complete(out, fp)
     shutil.rmtree(state_dir, ignore_errors=True)
     return out
 
@@ -200,6 +214,12 @@ class RLTrainer:
     def __init__(self, cfg: RunConfig, stage_log: StageLog = NULL_LOG, tracker=None):
         self.cfg, self.log = cfg, stage_log
         self.method = rl_method(cfg)
+        self.fp = fingerprint(cfg, "data", "model", "env", "sft", "rl")
+        self.complete = _complete(checkpoint_dir(cfg, self.method), self.fp) and history_path(cfg, self.method).exists()
+        if self.complete:  # finished before under this config (a re-run after a later crash)
+            log.info("rl: %s is up to date for this config; skipping", checkpoint_dir(cfg, self.method))
+            self.iteration, self.history = cfg.rl.iterations, json.loads(history_path(cfg, self.method).read_text())
+            return
         data_dir = cfg.out / "data"
         model, self.tokenizer = _load_start(cfg, tracker)
         self.agent = Agent(model, self.tokenizer, make_search(cfg, data_dir), cfg)
@@ -216,7 +236,6 @@ class RLTrainer:
         torch.manual_seed(cfg.seed)
         self.iteration, self.history = 0, []
         self.state_dir = cfg.out / "state" / f"rl_{self.method}"
-        self.fp = fingerprint(cfg, "data", "model", "env", "sft", "rl")
         if _resumable(self.state_dir, self.fp):
             client = self.learner.load_state(self.state_dir)
             self.iteration, self.history = client["step"], client["history"]
@@ -269,8 +288,11 @@ class RLTrainer:
         return self.end_iteration(trajs, self.update(self.annotate(trajs)))
 
     def finish(self) -> Path:
+        if self.complete:
+            return checkpoint_dir(self.cfg, self.method)
         out = self.learner.save(checkpoint_dir(self.cfg, self.method), self.tokenizer)
         _write_json(history_path(self.cfg, self.method), self.history)
+        _mark_complete(out, self.fp)
         self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
         shutil.rmtree(self.state_dir, ignore_errors=True)
         return out
