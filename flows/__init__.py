@@ -25,5 +25,7 @@ os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "agent_r1")  # stage log 
 # stage functions also log outside flow runs (e.g. a test calling them after importing flows)
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+for noisy in ("bm25s", "DeepSpeed", "deepspeed", "torch.distributed"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
 if logging.getLogger("agent_r1").level == logging.NOTSET:
     logging.getLogger("agent_r1").setLevel(logging.INFO)  # e.g. "rl: resuming after iteration 3"

@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 from agent_r1.config import RunConfig, load_config, parse_overrides
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.record import Recorder, StageLog
+from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
 
 # Models, trajectories and tensors stay in this process: no result persistence, no caching
@@ -87,7 +88,7 @@ def prepare(cfg: RunConfig, slog: StageLog) -> dict:
 
 @task(name="sft", **IN_PROCESS)
 def sft(cfg: RunConfig, slog: StageLog) -> Path:
-    return stages.sft(cfg, slog)
+    return stages.sft(cfg, slog, Progress())
 
 
 @task(name="rl-setup", **IN_PROCESS)
@@ -132,7 +133,7 @@ def control(cfg: RunConfig, seconds: float) -> Path:
 @task(name="evaluate", retries=1, retry_delay_seconds=5, **IN_PROCESS)
 def evaluate(cfg: RunConfig, slog: StageLog, checkpoints: dict[str, str] | None = None,
              tracker: Tracker | None = None, merge: bool = False) -> dict:
-    return stages.evaluate(cfg, slog, checkpoints=checkpoints, tracker=tracker, merge=merge)
+    return stages.evaluate(cfg, slog, Progress(), checkpoints=checkpoints, tracker=tracker, merge=merge)
 
 
 @task(name="register", retries=1, retry_delay_seconds=5, **IN_PROCESS)
@@ -265,4 +266,9 @@ if __name__ == "__main__":
     a = ap.parse_args()
     out = training_flow(TrainingParams(pipeline=a.pipeline, config_file=a.config, overrides=a.overrides,
                                        with_control=a.control, register_agent=not a.no_register))
-    print({k: out[k] for k in ("mlflow_run_id", "data_version", "register", "timings")})
+    cfg = TrainingParams(pipeline=a.pipeline, config_file=a.config, overrides=a.overrides).config()
+    print(f"\nHeld-out evaluation ({cfg.out / 'metrics' / 'eval.json'}):\n")
+    print(eval_markdown(out["eval"], cfg.eval.split))
+    print(f"\n{register_markdown(out['register'])}")
+    print(f"MLflow run {out['mlflow_run_id']} (agent-r1 mlflow-ui); data version {out['data_version']}")
+    print("wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in out["timings"].items()))
