@@ -22,7 +22,7 @@ from agent_r1.pipeline import stages
 from agent_r1.pipeline.record import Recorder
 from agent_r1.tracking import Tracker
 from flows.training import (PipelineParams, artifact_key, eval_markdown, evaluate, prepare, register,
-                            register_markdown, sft, stage, train_rl)
+                            register_markdown, sft, train_rl)
 
 
 @flow(name="retraining", persist_result=False)
@@ -43,22 +43,22 @@ def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any]
     run_id = rec.open()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    with stage(rec, "prepare", timings) as slog:
+    with rec.timed_stage("prepare", timings) as slog:
         data = prepare(cfg, slog)
     if cfg.rl.init_from is None:
-        with stage(rec, "sft", timings) as slog:
+        with rec.timed_stage("sft", timings) as slog:
             sft(cfg, slog)
-    with stage(rec, "train", timings) as slog:
+    with rec.timed_stage("train", timings) as slog:
         train_rl(cfg, slog, tracker)
     method = stages.rl_method(cfg)
     checkpoints = {method: str(stages.checkpoint_dir(cfg, method))}
     if champion_uri:
         checkpoints["champion"] = champion_uri
-    with stage(rec, "evaluate", timings) as slog:
+    with rec.timed_stage("evaluate", timings) as slog:
         results = evaluate(cfg, slog, checkpoints, tracker)
     r = cfg.registry
     champion_score = float(results[r.split]["champion"][r.metric]) if champion_uri else None
-    with stage(rec, "register", timings):
+    with rec.timed_stage("register", timings):
         reg = register(cfg, tracker, run_id, champion_score=champion_score, method=method)
     timings["total_s"] = time.perf_counter() - t0
     rec.close()

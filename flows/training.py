@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,21 +142,6 @@ def register(cfg: RunConfig, tracker: Tracker, run_id: str, champion_score: floa
 
 
 # ------------------------------------------------------------------------------ pieces shared by the flows
-@contextmanager
-def stage(rec: Recorder, name: str, timings: dict):
-    """One stage's nested MLflow run: FAILED if the block raises, else FINISHED with its wall time."""
-    slog = rec.stage(name)
-    t0 = time.perf_counter()
-    try:
-        yield slog
-    except BaseException:
-        rec.end_stage(slog, "FAILED")
-        raise
-    timings[f"{name}_s"] = time.perf_counter() - t0
-    slog.metrics({"wall_s": timings[f"{name}_s"]})
-    rec.end_stage(slog)
-
-
 def train_rl(cfg: RunConfig, slog: StageLog, tracker: Tracker) -> dict[str, Path]:
     """Every RL method of the pipeline, one task per piece of each iteration; a progress
     artifact follows the iterations. Returns ``{method: checkpoint folder}``."""
@@ -224,11 +208,11 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
     run_id = rec.open()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    with stage(rec, "prepare", timings) as slog:
+    with rec.timed_stage("prepare", timings) as slog:
         data = prepare(cfg, slog)
-    with stage(rec, "sft", timings) as slog:
+    with rec.timed_stage("sft", timings) as slog:
         sft(cfg, slog)
-    with stage(rec, "train", timings) as slog:
+    with rec.timed_stage("train", timings) as slog:
         train_rl(cfg, slog, tracker)
     checkpoints = None
     if params.with_control:
@@ -236,11 +220,11 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
         control(cfg, timings["train_s"])
         timings["control_s"] = time.perf_counter() - t1
         checkpoints = stages.default_methods(cfg) | {"sft_control": str(stages.checkpoint_dir(cfg, "sft_control"))}
-    with stage(rec, "evaluate", timings) as slog:
+    with rec.timed_stage("evaluate", timings) as slog:
         results = evaluate(cfg, slog, checkpoints)
     reg = None
     if params.register_agent:
-        with stage(rec, "register", timings):
+        with rec.timed_stage("register", timings):
             reg = register(cfg, tracker, run_id)
     timings["total_s"] = time.perf_counter() - t0
     rec.close()

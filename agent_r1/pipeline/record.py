@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agent_r1.config import RunConfig
@@ -117,6 +120,21 @@ class Recorder:
 
     def end_stage(self, log: StageLog, status: str = "FINISHED") -> None:
         log.end(status)
+
+    @contextmanager
+    def timed_stage(self, name: str, timings: dict) -> Iterator[StageLog]:
+        """One stage's nested run: FAILED if the block raises, else FINISHED with its wall time
+        (also put in ``timings[f"{name}_s"]``)."""
+        slog = self.stage(name)
+        t0 = time.perf_counter()
+        try:
+            yield slog
+        except BaseException:
+            self.end_stage(slog, "FAILED")
+            raise
+        timings[f"{name}_s"] = time.perf_counter() - t0
+        slog.metrics({"wall_s": timings[f"{name}_s"]})
+        self.end_stage(slog)
 
     def close(self, status: str = "FINISHED") -> None:
         """End the pipeline run; the next stage run starts a new pipeline run."""

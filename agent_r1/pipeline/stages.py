@@ -444,31 +444,24 @@ def run_all(cfg: RunConfig, tracker=None, progress: Progress | None = None, with
     run_id = rec.open()
     timings: dict[str, float] = {}
     t_all = time.perf_counter()
-
-    def timed(name: str, fn, *args, **kw):
-        slog = rec.stage(name)
-        t0 = time.perf_counter()
-        try:
-            out = fn(*args, **kw) if name in ("register",) else fn(cfg, slog, *args, **kw)
-        except BaseException:
-            rec.end_stage(slog, "FAILED")
-            raise
-        timings[f"{name}_s"] = time.perf_counter() - t0
-        slog.metrics({"wall_s": timings[f"{name}_s"]})
-        rec.end_stage(slog)
-        return out
-
-    timed("prepare", prepare)
-    timed("sft", sft, progress)
-    timed("train", train, progress, tracker)
+    with rec.timed_stage("prepare", timings) as slog:
+        prepare(cfg, slog)
+    with rec.timed_stage("sft", timings) as slog:
+        sft(cfg, slog, progress)
+    with rec.timed_stage("train", timings) as slog:
+        train(cfg, slog, progress, tracker)
     checkpoints = None
     if with_control:
         t0 = time.perf_counter()
         control(cfg, timings["train_s"], progress)
         timings["control_s"] = time.perf_counter() - t0
         checkpoints = default_methods(cfg) | {"sft_control": checkpoint_dir(cfg, "sft_control")}
-    results = timed("evaluate", evaluate, progress, checkpoints)
-    reg = timed("register", register, cfg, tracker, run_id) if tracker is not None else None
+    with rec.timed_stage("evaluate", timings) as slog:
+        results = evaluate(cfg, slog, progress, checkpoints)
+    reg = None
+    if tracker is not None:
+        with rec.timed_stage("register", timings):
+            reg = register(cfg, tracker, run_id)
     timings["total_s"] = time.perf_counter() - t_all
     _write_json(cfg.out / "metrics" / "timings.json", timings)
     rec.close()
