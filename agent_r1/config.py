@@ -28,6 +28,7 @@ class DataConfig(_Strict):
     n_cities: int = Field(24, ge=2)
     heldout_fraction: float = Field(0.25, gt=0, lt=1)
     questions_per_type: int | None = Field(None, ge=1)  # None: one question per eligible entity
+    name_words: Literal[1, 2] = 2  # words per entity name (1: a bigger single-word inventory)
 
     def world(self):
         from agent_r1.data.synthetic import WorldConfig

@@ -233,3 +233,17 @@ def test_hotpotqa_malformed(tmp_path):
     js.write_text(json.dumps(orig))
     with pytest.raises(ValueError, match=r"bad\.json: record 2: field 'supporting_facts'"):
         load_hotpotqa(js)
+
+
+def test_single_word_names_are_one_token_each_and_still_held_out():
+    from agent_r1.models import train_tokenizer
+
+    w = generate(WorldConfig(seed=1, n_films=200, n_directors=60, name_words=1))
+    titles = list(w.corpus["title"])
+    assert all(" " not in t for t in titles) and len(set(titles)) == len(titles)
+    tok = train_tokenizer(list(w.corpus["text"]) + titles + list(w.questions["question"]), vocab_size=4096)
+    assert all(len(tok.encode(" " + t, add_special_tokens=False)) == 1 for t in titles)
+    split_titles = {s: {t for ts in w.questions[w.questions.split == s]["gold_titles"] for t in ts} for s in ("train", "test")}
+    assert split_titles["train"] and not split_titles["train"] & split_titles["test"]
+    with pytest.raises(ValueError, match="name_words"):
+        WorldConfig(name_words=3)

@@ -118,8 +118,11 @@ class WorldConfig:
     n_cities: int = 24
     heldout_fraction: float = 0.25
     questions_per_type: int | dict[str, int] | None = None
+    name_words: int = 2  # words per entity name: 2 (combinations) or 1 (single words)
 
     def __post_init__(self) -> None:
+        if self.name_words not in _INVENTORY_SIZES:
+            raise ValueError(f"WorldConfig.name_words must be 1 or 2, got {self.name_words}")
         # films, directors and studios: at least one in each sub-world
         for name, least in (("n_films", 2), ("n_directors", 2), ("n_studios", 2), ("n_cities", 1)):
             value = getattr(self, name)
@@ -209,25 +212,34 @@ class _Words:
 # The vocabulary of names is fixed (like a language): every world draws its entities as new
 # combinations of these words, so a name is never memorisable — only its words are familiar —
 # and a model must copy it from what it reads. Cities are single words used as answers.
+# With `name_words=1` every name is a single word of a larger inventory (one token each for a
+# tokenizer of ~4k entries): a small model then copies one token per name instead of two.
 _INVENTORY_SEED = 20261125
-_INVENTORY_SIZES = {"first": 160, "last": 160, "film_a": 120, "film_b": 120, "studio": 60, "city": 64}
-_INVENTORY: dict[str, list[str]] = {}
+_INVENTORY_SIZES = {
+    2: {"first": 160, "last": 160, "film_a": 120, "film_b": 120, "studio": 60, "city": 64},
+    1: {"person": 700, "film": 1000, "studio": 60, "city": 64},
+}
+_INVENTORY: dict[int, dict[str, list[str]]] = {}
 
 
-def _inventory() -> dict[str, list[str]]:
-    if not _INVENTORY:
+def _inventory(name_words: int = 2) -> dict[str, list[str]]:
+    if name_words not in _INVENTORY:
         words = _Words(random.Random(_INVENTORY_SEED))
-        for kind, n in _INVENTORY_SIZES.items():
-            _INVENTORY[kind] = [words.word(2, _CITY_ENDINGS if kind == "city" else None) for _ in range(n)]
-    return _INVENTORY
+        _INVENTORY[name_words] = {
+            kind: [words.word(2, _CITY_ENDINGS if kind == "city" else None) for _ in range(n)]
+            for kind, n in _INVENTORY_SIZES[name_words].items()
+        }
+    return _INVENTORY[name_words]
 
 
 class _Names:
-    """Entity names: unique combinations of inventory words, drawn with the world's rng."""
+    """Entity names: unique combinations of inventory words (or single words), drawn with the
+    world's rng."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, name_words: int = 2) -> None:
         self.rng = rng
-        self.inv = _inventory()
+        self.single = name_words == 1
+        self.inv = _inventory(name_words)
         self.used: set[str] = set()
 
     def _fresh(self, make) -> str:
@@ -239,12 +251,18 @@ class _Names:
         raise RuntimeError("could not find a fresh name; the world is too large for the name inventory")
 
     def person(self) -> str:
+        if self.single:
+            return self._fresh(lambda: self.rng.choice(self.inv["person"]))
         return self._fresh(lambda: f"{self.rng.choice(self.inv['first'])} {self.rng.choice(self.inv['last'])}")
 
     def film(self) -> str:
+        if self.single:
+            return self._fresh(lambda: self.rng.choice(self.inv["film"]))
         return self._fresh(lambda: f"{self.rng.choice(self.inv['film_a'])} {self.rng.choice(self.inv['film_b'])}")
 
     def studio(self) -> str:
+        if self.single:
+            return self._fresh(lambda: self.rng.choice(self.inv["studio"]))
         return self._fresh(lambda: f"{self.rng.choice(self.inv['studio'])} {self.rng.choice(_STUDIO_SUFFIXES)}")
 
     def cities(self, n: int) -> list[str]:
@@ -345,7 +363,7 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
     """Build the world for ``cfg`` (deterministic for a seed)."""
     cfg = cfg or WorldConfig()
     rng = random.Random(cfg.seed)
-    names = _Names(rng)
+    names = _Names(rng, cfg.name_words)
     cities = names.cities(cfg.n_cities)
 
     def heldout(n: int) -> int:
