@@ -138,8 +138,9 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
 
     With ``sft.worlds == 0`` they cover the training split. With ``sft.worlds = k`` they come
     from k freshly generated synthetic worlds (seeds disjoint from the data seed, each with its
-    own search index), so no entity repeats across demonstrations or appears in RL or
-    evaluation: a small model cannot memorise its way through them and has to learn to read.
+    own search index): every fact is drawn afresh (with two-word names no entity even recurs;
+    single-word names recur with other facts), so a small model cannot memorise its way
+    through them, nor through RL's or evaluation's entities, and has to learn to read.
     """
     sources = [(train_df, agent.search)]
     if cfg.sft.worlds:

@@ -98,7 +98,9 @@ def test_demonstrations_from_fresh_worlds_do_not_reuse_the_training_split(tmp_pa
     from agent_r1.run import Agent, make_search, oracle_demonstrations, prepare_data
     from agent_r1.data.synthetic import load_split
 
-    small = ["data.n_films=12", "data.n_directors=4", "data.n_studios=3", f"output_dir={tmp_path}"]
+    # two-word names: every entity of every world is new (single-word names recur across
+    # worlds, with their facts drawn afresh)
+    small = ["data.n_films=12", "data.n_directors=4", "data.n_studios=3", "data.name_words=2", f"output_dir={tmp_path}"]
     cfg = load_config("default", "pipelines.yaml", parse_overrides(small + ["sft.worlds=2"]))
     data_dir = prepare_data(cfg)
     search = make_search(cfg, data_dir)
