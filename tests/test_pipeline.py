@@ -205,3 +205,16 @@ def test_comparison_table_orders_baselines_first_and_averages_domains():
     lines = comparison_markdown(results, "test_2hop", "test_3hop").splitlines()
     assert [line.split(" | ")[0][2:] for line in lines[2:]] == ["naive_rag", "rloo", "ppo_no_adv_mask"]
     assert lines[3] == "| rloo | 0.400 | 0.500 | 0.200 | 0.300 | 0.300 | 1.50 | 0.750 |"
+
+
+@pytest.mark.slow
+def test_control_stops_at_its_time_budget(tmp_path):
+    import time
+
+    cfg = tiny_cfg(tmp_path, "sft.epochs=0.05")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    t0 = time.perf_counter()
+    out = stages.control(cfg, seconds=1.0)
+    assert time.perf_counter() - t0 < 30  # one step past the budget, not a whole pass
+    assert (out / "model.safetensors").exists() and out == cfg.out / "checkpoints" / "sft_control"

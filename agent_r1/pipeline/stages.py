@@ -424,11 +424,23 @@ def control(cfg: RunConfig, seconds: float, progress: Progress | None = None) ->
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     deadline, seed = time.perf_counter() + seconds, cfg.seed
+
+    class TimeUp(Exception):
+        pass
+
     with (progress or Progress.null()).task("sft control", total=None) as report:
-        while time.perf_counter() < deadline:
-            seed += 1
-            sft_loop(learner, demos, tokenizer.pad_token_id, 0.25, cfg.sft.batch_size, cfg.sft.lr * 0.1, 0, seed,
-                     on_step=lambda s, n, m: report(f"loss {m['sft_loss']:.3f}"))
+        def on_step(step: int, total: int, m: dict) -> None:
+            report(f"loss {m['sft_loss']:.3f}")
+            if time.perf_counter() >= deadline:
+                raise TimeUp
+
+        try:
+            while True:  # passes over the demonstrations at a tenth of the cold start's lr
+                seed += 1
+                sft_loop(learner, demos, tokenizer.pad_token_id, 1.0, cfg.sft.batch_size, cfg.sft.lr * 0.1, 0, seed,
+                         on_step=on_step)
+        except TimeUp:
+            pass
     return learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
 
 
