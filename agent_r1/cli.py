@@ -163,22 +163,26 @@ def evaluate(
     question, then the answer). Results are merged into <output_dir>/metrics/eval.json.
     """
     _quiet_libraries()
-    from agent_r1.pipeline import Recorder, stages
+    from agent_r1.pipeline import NULL_LOG, StageLog, stages
     from agent_r1.progress import Progress
 
     cfg = _config(pipeline, config_file, overrides)
     tracker = _tracker(track)
-    rec = Recorder(cfg, tracker)
-    slog = rec.stage("evaluate") if tracker is not None else None
+    run_id, slog = None, NULL_LOG
+    if tracker is not None:  # its own MLflow run, apart from any unfinished pipeline run
+        run_id = tracker.start_pipeline_run(f"{cfg.name}-evaluation", cfg.model_dump(mode="json"), {"pipeline": cfg.name})
+        slog = StageLog(tracker, tracker.stage_run(run_id, "evaluate"))
+    status = "FAILED"
     try:
-        results = stages.evaluate(cfg, slog or stages.NULL_LOG, Progress(), _sources(sources), tracker, merge=sources is not None)
+        results = stages.evaluate(cfg, slog, Progress(), _sources(sources), tracker, merge=sources is not None)
+        status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(1) from None
     finally:
-        if slog is not None:
-            rec.end_stage(slog)
-            rec.close()
+        if run_id is not None:
+            slog.end(status)
+            tracker.end_run(run_id, status)
     console.print(results_table(results, f"held-out evaluation ({cfg.name}, split {cfg.eval.split})"))
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
 

@@ -118,8 +118,8 @@ class Recorder:
             self.open()
         return StageLog(self.tracker, self.tracker.stage_run(self.run_id, name))
 
-    def end_stage(self, log: StageLog, status: str = "FINISHED") -> None:
-        log.end(status)
+    def end_stage(self, slog: StageLog, status: str = "FINISHED") -> None:
+        slog.end(status)
 
     @contextmanager
     def timed_stage(self, name: str, timings: dict) -> Iterator[StageLog]:
