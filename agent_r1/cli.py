@@ -111,8 +111,7 @@ def stage(
     tracker = _tracker(track)
     rec = Recorder(cfg, tracker)
     run_id = rec.open()
-    slog = rec.stage(name)
-    try:
+    with rec.timed_stage(name, {}) as slog:
         if name == "register":
             if tracker is None:
                 console.print("[red]register needs MLflow tracking (drop --no-track)[/red]")
@@ -129,10 +128,6 @@ def stage(
             console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))
         else:
             console.print(f"wrote {getattr(stages, name)(cfg, slog, Progress())}")
-    except BaseException:
-        rec.end_stage(slog, "FAILED")
-        raise
-    rec.end_stage(slog)
     if name == STAGES[-1]:
         rec.close()
 
