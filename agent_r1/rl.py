@@ -50,9 +50,6 @@ def rollout(engine: RolloutEngine, make_env, tasks: list[dict], context: Context
 def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> dict:
     """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages."""
     batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
-    batch["old_logprobs"] = learner.logprobs(batch)
-    if learner.reference is not None and learner.cfg.kl_coef > 0:
-        batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
     values = learner.values(batch) if learner.critic is not None else None
     adv, ret = get_advantage(cfg.algorithm)(
         AdvantageInputs(
@@ -68,7 +65,19 @@ def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> di
     batch.update(advantages=adv, returns=ret)
     if values is not None:
         batch["old_values"] = values
+    # old log-probs only where the update will need them (rows that can carry a gradient)
+    batch["old_logprobs"] = learner.logprobs(batch, rows=learner.policy_rows(batch))
+    if learner.reference is not None and learner.cfg.kl_coef > 0:
+        batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
     return batch
+
+
+def update(learner, batch: dict, generator: torch.Generator | None = None) -> dict:
+    """The learner's update, with its training throughput (tokens of the rows it ran per s)."""
+    t0 = time.perf_counter()
+    stats = learner.update(batch, generator)
+    stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
+    return stats
 
 
 def rollout_stats(trajs: list[Trajectory]) -> dict:
@@ -88,15 +97,9 @@ def rl_iteration(learner, engine, make_env, tasks, context, cfg: RLConfig, max_n
     t0 = time.perf_counter()
     trajs = rollout(engine, make_env, tasks, context, cfg, max_new_tokens, max_context_tokens, on_turn)
     t1 = time.perf_counter()
-    batch = annotate(learner, trajs, cfg, pad_id)
-    stats = learner.update(batch, generator)
+    stats = update(learner, annotate(learner, trajs, cfg, pad_id), generator)
     t2 = time.perf_counter()
-    n_tokens = int(batch["attention_mask"].sum())
     stats |= rollout_stats(trajs)
-    stats |= {
-        "time/rollout_s": t1 - t0,
-        "time/update_s": t2 - t1,
-        "train_tokens_per_s": n_tokens / max(t2 - t1, 1e-9),
-        "action_tokens": sum(t.num_action_tokens for t in trajs),
-    }
+    stats |= {"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+              "action_tokens": sum(t.num_action_tokens for t in trajs)}
     return stats, trajs

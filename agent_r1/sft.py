@@ -52,6 +52,21 @@ def demonstration(task: dict, messages: list[dict], search: Tool, context: Conte
     return traj
 
 
+def length_grouped_batches(lengths: torch.Tensor, batch_size: int, generator: torch.Generator, window: int = 64) -> list[list[int]]:
+    """One epoch's batches: a random permutation, cut into windows of ``window`` batches; inside a
+    window rows are sorted by length before being cut into batches, and the batch order is
+    shuffled again. Batches hold sequences of similar length (random ones pad ~30% of the
+    tokens of the default demonstrations, these <1%), while which sequences share a window
+    stays random. A leftover of fewer than ``batch_size`` rows is dropped."""
+    perm = torch.randperm(len(lengths), generator=generator)
+    perm = perm[: len(perm) - len(perm) % batch_size]
+    batches = []
+    for chunk in perm.split(window * batch_size):
+        chunk = chunk[torch.argsort(lengths[chunk], stable=True)]
+        batches += [b.tolist() for b in chunk.split(batch_size)]
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
 def sft(
     learner,
     demos: list[Trajectory],
@@ -64,23 +79,24 @@ def sft(
     on_step: Callable[[int, int, dict], None] | None = None,
     start_step: int = 0,
 ) -> list[dict]:
-    """Train on ``demos`` for ``epochs`` passes (fractions allowed); linear warmup, cosine decay.
+    """Train on ``demos`` for ``epochs`` passes (fractions allowed) in length-grouped batches
+    (:func:`length_grouped_batches`); linear warmup, cosine decay.
 
     The batch order of every epoch is a fixed function of ``seed`` and the epoch, so a run
     resumed at ``start_step`` (with the optimizer state restored) sees exactly the batches the
     uninterrupted run would have.
     """
     seqs = [s for d in demos for s in to_sequences(d)]
+    lengths = torch.tensor([len(s.ids) for s in seqs])
     steps_per_epoch = max(1, len(seqs) // batch_size)
     total = max(1, round(epochs * steps_per_epoch))
     opt = learner.engine.optimizer
-    history, perm, epoch = [], None, -1
+    history, batches, epoch = [], None, -1
     for step in range(start_step, total):
         if step // steps_per_epoch != epoch:
             epoch = step // steps_per_epoch
-            perm = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        pos = (step % steps_per_epoch) * batch_size
-        rows = perm[pos : pos + batch_size].tolist()
+            batches = length_grouped_batches(lengths, batch_size, torch.Generator().manual_seed(seed * 100_003 + epoch))
+        rows = batches[step % steps_per_epoch]
         scale = (step + 1) / warmup_steps if step < warmup_steps else 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, total - warmup_steps)))
         for group in opt.param_groups:
             group["lr"] = lr * scale

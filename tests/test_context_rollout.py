@@ -246,12 +246,14 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
 
     batch = annotate(frozen_learner, trajs, RLConfig(algorithm="grpo", group_size=2), tok.pad_token_id)
     assert len(batch["input_ids"]) == len(trajs)  # full history: one row per trajectory
+    # (every reward here is equal, so annotate's old log-probs skipped all rows: recompute them)
+    recomputed = frozen_learner.logprobs(batch)
     for i, t in enumerate(trajs):
         m = batch["action_mask"][i].bool()
         sampled = [x for s in t.steps for x in s.action_ids]
         assert batch["input_ids"][i][m].tolist() == sampled
         sample_lp = torch.tensor([x for s in t.steps for x in s.action_logprobs])
-        assert torch.allclose(batch["old_logprobs"][i][m], sample_lp, atol=1e-4)
+        assert torch.allclose(recomputed[i][m], sample_lp, atol=1e-4)
         assert torch.allclose(batch["sample_logprobs"][i][m], sample_lp)
         # the row is exactly the last context the policy saw, plus its action
         n = int(batch["attention_mask"][i].sum())

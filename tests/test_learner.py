@@ -226,3 +226,68 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
     assert learner.critic.module.body is not learner.model.get_decoder()
     new_values = learner.values(batch)
     assert not torch.allclose(new_values, batch["old_values"])
+
+
+def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, make_model):
+    """A GRPO group whose samples all got one reward has zero advantage: the update skips its
+    rows (and annotate their old log-probs), and the step equals the one over every row."""
+    trajs = make_trajs(seed=6, n=8)
+    for t in trajs[:4]:  # groups 0 and 1: every sample gets the same reward
+        t.final_reward = 1.0
+        for s in t.steps:
+            s.reward = 0.0
+    cfg = RLConfig(algorithm="grpo", group_size=2)
+    results = []
+    for skip in (True, False):
+        learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, mini_batches=2))
+        if not skip:  # the reference: every row counted as live
+            learner.policy_rows = lambda b: torch.arange(len(b["input_ids"]))
+        batch = annotate(learner, trajs, cfg, tok.pad_token_id)
+        dead = ~(batch["advantages"] != 0).any(1)
+        assert dead[:4].all() and (~dead).any()  # one sequence per full-history trajectory
+        if skip:  # no old log-probs were computed for the skipped rows
+            assert batch["old_logprobs"][dead].eq(0).all() and batch["old_logprobs"][~dead].ne(0).any()
+        stats = learner.update(batch, torch.Generator().manual_seed(0))
+        results.append((stats, state(learner.model)))
+    (skipped, after_skip), (full, after_full) = results
+    assert skipped["update/live_rows"] == pytest.approx(float((~dead).float().mean())) and full["update/live_rows"] == 1
+    assert skipped["update/tokens"] < full["update/tokens"]
+    changed = [k for k in after_full if not torch.equal(after_full[k], state(make_model(seed=11))[k])]
+    assert changed
+    for k in after_full:
+        torch.testing.assert_close(after_skip[k], after_full[k], rtol=1e-4, atol=1e-6)
+
+
+def test_no_row_is_skipped_when_a_kl_or_entropy_term_gives_it_a_gradient(tok, make_model):
+    batch = batch_of(make_trajs(), tok.pad_token_id)
+    batch["advantages"] = torch.zeros(batch["input_ids"].shape)
+    n = len(batch["input_ids"])
+    assert len(Learner(make_model(seed=1), LearnerConfig()).policy_rows(batch)) == 0
+    assert len(Learner(make_model(seed=1), LearnerConfig(entropy_coef=0.01)).policy_rows(batch)) == n
+    with_kl = Learner(make_model(seed=1), LearnerConfig(kl_coef=0.1), reference=make_model(seed=1))
+    assert len(with_kl.policy_rows(batch)) == n
+
+
+# ------------------------------------------------------------------------------- SFT batches
+
+
+def test_length_grouped_batches_cover_an_epoch_once_with_little_padding():
+    from agent_r1.sft import length_grouped_batches
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(20, 200, (1003,), generator=g)
+    batches = length_grouped_batches(lengths, 8, torch.Generator().manual_seed(1), window=16)
+    rows = [r for b in batches for r in b]
+    assert len(batches) == 1003 // 8 and all(len(b) == 8 for b in batches)
+    assert len(set(rows)) == len(rows) == 1000  # every row at most once, the leftover 3 dropped
+
+    def pad_share(bs):
+        return 1 - sum(int(lengths[b].sum()) for b in bs) / sum(int(lengths[b].max()) * len(b) for b in bs)
+
+    random_batches = torch.randperm(1000, generator=g).view(-1, 8).tolist()
+    assert pad_share(batches) < 0.1 < 0.3 < pad_share(random_batches)
+    # the same generator seed gives the same epoch (a resumed SFT sees the same batches) ...
+    assert length_grouped_batches(lengths, 8, torch.Generator().manual_seed(1), window=16) == batches
+    # ... and the order is not the sorted one: lengths of consecutive batches are mixed
+    maxes = [int(lengths[b].max()) for b in batches]
+    assert maxes != sorted(maxes) and maxes != sorted(maxes, reverse=True)

@@ -150,14 +150,16 @@ class Learner:
 
     # ---------------------------------------------------------------- forward-only passes
     @torch.no_grad()
-    def logprobs(self, batch: dict, model=None) -> torch.Tensor:
-        """Log-probs of ``batch`` under the policy (or ``model``), micro-batched, no grad."""
+    def logprobs(self, batch: dict, model=None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probs of ``batch`` (of its ``rows``; the others stay 0) under the policy (or
+        ``model``), micro-batched, no grad."""
         model = model if model is not None else self.model
         was = model.training
         model.eval()
         out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
         lengths = batch["attention_mask"].sum(1)
-        for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
+        rows = torch.arange(len(lengths)) if rows is None else rows
+        for rows in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
             mb = _trim(batch, rows, _device(model))
             T = mb["input_ids"].shape[1]
             out[rows, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature).float().cpu()
@@ -183,23 +185,44 @@ class Learner:
             return float(mb_mask.sum()) / max(total.tokens, 1.0)
         return float((mb_mask.sum(1) > 0).sum()) / max(total.seqs, 1.0)
 
-    def _accumulate(self, engine, batch: dict, rows: torch.Tensor, mask_key: str, loss_fn) -> dict:
-        """Backward over token-budgeted micro-batches of ``rows``, then one optimizer step."""
+    def _accumulate(self, engine, batch: dict, rows: torch.Tensor, mask_key: str, loss_fn,
+                    compute: torch.Tensor | None = None) -> dict:
+        """Backward over token-budgeted micro-batches of ``rows``, then one optimizer step.
+
+        ``compute``, a subset of ``rows``, is the rows whose loss can have a gradient: only
+        they are run, while the loss stays normalised over all of ``rows``, so the step is the
+        one over all of them. Metrics are averages over the rows run.
+        """
         mask = batch[mask_key][rows]
         total = _Weights(float(mask.sum()), float((mask.sum(1) > 0).sum()))
         lengths = batch["attention_mask"].sum(1)
         sums: dict[str, float] = {}
-        for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
+        w_sum = 0.0
+        for micro in split_by_tokens(rows if compute is None else compute, lengths, self.cfg.micro_batch_tokens):
             mb = _trim(batch, micro, _device(engine))
             w = self._weight(mb[mask_key], total)
             if w == 0:
                 continue
             loss, metrics = loss_fn(mb)
             engine.backward(loss * w)
+            w_sum += w
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + w * float(v)
         engine.step()
-        return sums
+        return {k: v / w_sum for k, v in sums.items()}
+
+    def policy_rows(self, batch: dict) -> torch.Tensor:
+        """Rows of ``batch`` whose policy loss can have a gradient.
+
+        With no KL and no entropy term, a row whose advantages are zero on every loss token
+        (for instance a GRPO group whose samples all got the same reward) adds exactly zero to
+        the PPO gradient; :meth:`update` and the old log-probs (``rl.annotate``) skip it.
+        """
+        n = len(batch["input_ids"])
+        if (self.reference is not None and self.cfg.kl_coef > 0) or self.cfg.entropy_coef > 0:
+            return torch.arange(n)
+        live = ((batch["advantages"] != 0) & batch["loss_mask"].bool()).any(1)
+        return live.nonzero().squeeze(1)
 
     def sft_step(self, batch: dict) -> dict:
         """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
@@ -248,15 +271,22 @@ class Learner:
             return loss, {"critic/" + k: val for k, val in metrics.items()} | {"critic/loss": loss.detach()}
 
         self.engine.train()
+        live = torch.zeros(len(batch["input_ids"]), dtype=torch.bool)
+        live[self.policy_rows(batch)] = True
         history: dict[str, list[float]] = {}
         for _ in range(cfg.ppo_epochs):
             for rows in self._minibatches(len(batch["input_ids"]), generator):
-                for k, v in self._accumulate(self.engine, batch, rows, "loss_mask", policy_loss_fn).items():
+                # a mini-batch with no live row still steps (Adam moves on a zero gradient)
+                compute = rows[live[rows]] if live[rows].any() else None
+                for k, v in self._accumulate(self.engine, batch, rows, "loss_mask", policy_loss_fn, compute).items():
                     history.setdefault(k, []).append(v)
                 if self.critic is not None:
                     for k, v in self._accumulate(self.critic, batch, rows, "adv_mask", critic_loss_fn).items():
                         history.setdefault(k, []).append(v)
-        return {k: sum(v) / len(v) for k, v in history.items()}
+        stats = {k: sum(v) / len(v) for k, v in history.items()}
+        stats["update/live_rows"] = float(live.float().mean())  # share of rows the policy update ran
+        stats["update/tokens"] = int(batch["attention_mask"][live].sum()) * cfg.ppo_epochs
+        return stats
 
     def _loss_kwargs(self) -> dict:
         cfg = self.cfg

@@ -37,7 +37,7 @@ from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import build_tiny_model, load_model
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.progress import Progress
-from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, parse_method, rollout, rollout_stats
+from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, parse_method, rollout, rollout_stats, update
 from agent_r1.rollout import HFEngine
 from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_search, oracle_demonstrations, prepare_data, tasks_for
 from agent_r1.sft import sft as sft_loop
@@ -262,11 +262,7 @@ class RLTrainer:
         return annotate(self.learner, trajs, self.cfg.rl, self.tokenizer.pad_token_id)
 
     def update(self, batch: dict) -> dict:
-        t0 = time.perf_counter()
-        stats = self.learner.update(batch, self.rng)
-        n_tokens = int(batch["attention_mask"].sum())
-        stats["train_tokens_per_s"] = n_tokens / max(time.perf_counter() - t0, 1e-9)
-        return stats
+        return update(self.learner, batch, self.rng)
 
     def end_iteration(self, trajs: list, stats: dict) -> dict:
         """Record the iteration's metrics; save a resumable state when due."""
