@@ -125,8 +125,8 @@ def finish_rl(trainer: stages.RLTrainer) -> Path:
 
 
 @task(name="control", **IN_PROCESS)
-def control(cfg: RunConfig, seconds: float) -> Path:
-    return stages.control(cfg, seconds)
+def control(cfg: RunConfig) -> Path:
+    return stages.control(cfg)
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5, **IN_PROCESS)
@@ -217,7 +217,7 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
     checkpoints = None
     if params.with_control:
         t1 = time.perf_counter()
-        control(cfg, timings["train_s"])
+        control(cfg)
         timings["control_s"] = time.perf_counter() - t1
         checkpoints = stages.default_methods(cfg) | {"sft_control": str(stages.checkpoint_dir(cfg, "sft_control"))}
     with rec.timed_stage("evaluate", timings) as slog:

@@ -207,6 +207,16 @@ def test_comparison_table_orders_baselines_first_and_averages_domains():
     assert lines[3] == "| rloo | 0.400 | 0.500 | 0.200 | 0.300 | 0.300 | 1.50 | 0.750 |"
 
 
+def test_the_control_budget_is_rl_s_recorded_training_time(tmp_path):
+    # read from the method's history, so a control after a skipped (complete) or resumed train
+    # stage still gets RL's time, not the few seconds the skipped stage took
+    cfg = tiny_cfg(tmp_path)
+    path = stages.history_path(cfg, stages.rl_method(cfg))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([{"iteration": i, "time/iteration_s": 2.5} for i in range(1, 5)]))
+    assert stages.rl_seconds(cfg) == 10.0
+
+
 @pytest.mark.slow
 def test_control_stops_at_its_time_budget(tmp_path):
     import time

@@ -411,9 +411,17 @@ def register(cfg: RunConfig, tracker, run_id: str, champion_score: float | None 
     return out
 
 
-def control(cfg: RunConfig, seconds: float, progress: Progress | None = None) -> Path:
-    """SFT alone for ``seconds`` more from the SFT checkpoint (method ``sft_control``): the
-    check that RL's gain is not just RL's extra training time."""
+def rl_seconds(cfg: RunConfig) -> float:
+    """The RL method's training time: its iterations' recorded wall time (also right when the
+    train stage was skipped as complete, or resumed)."""
+    return sum(h["time/iteration_s"] for h in json.loads(history_path(cfg, rl_method(cfg)).read_text()))
+
+
+def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | None = None) -> Path:
+    """SFT alone for ``seconds`` (default: :func:`rl_seconds`) more from the SFT checkpoint
+    (method ``sft_control``): the check that RL's gain is not just RL's extra training time."""
+    seconds = rl_seconds(cfg) if seconds is None else seconds
+    log.info("control: SFT for %.0f s, RL's training time", seconds)
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
     agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
@@ -461,7 +469,7 @@ def run_all(cfg: RunConfig, tracker=None, progress: Progress | None = None, with
     checkpoints = None
     if with_control:
         t0 = time.perf_counter()
-        control(cfg, timings["train_s"], progress)
+        control(cfg, progress=progress)
         timings["control_s"] = time.perf_counter() - t0
         checkpoints = default_methods(cfg) | {"sft_control": checkpoint_dir(cfg, "sft_control")}
     with rec.timed_stage("evaluate", timings) as slog:
