@@ -25,7 +25,13 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
         "tokens": sum(t.num_action_tokens for t in trajs) / n,
         "search_recall": sum(t.metrics.get("gold_recall", 0.0) for t in trajs) / n,
     }
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+    out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+    # EM per question type: which compositions an agent answers (a hop count mixes several)
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for t, task in zip(trajs, tasks):
+        by_type[str(task.get("qtype", "?"))].append(t.metrics.get("em", 0.0))
+    out["em_by_qtype"] = {q: round(sum(v) / len(v), 4) for q, v in sorted(by_type.items())}
+    return out
 
 
 def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:

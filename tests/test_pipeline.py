@@ -155,6 +155,21 @@ def test_naive_rag_retrieves_once_with_the_question_and_allows_one_turn():
     assert MultiHopQAEnv(search).max_turns > 1
 
 
+def test_eval_summaries_break_em_down_by_question_type():
+    from agent_r1.evaluate import summarize_by_hops
+    from agent_r1.trajectory import Trajectory
+
+    def episode(em):
+        return Trajectory("t", 0, metrics={"em": em})
+
+    tasks = [{"hops": 1, "qtype": "director"}, {"hops": 2, "qtype": "studio_city_of_film"},
+             {"hops": 2, "qtype": "studio_city_of_film"}, {"hops": 2, "qtype": "director_birthplace"}]
+    s = summarize_by_hops([episode(1.0), episode(1.0), episode(0.0), episode(0.0)], tasks)
+    assert s["2hop"]["em"] == 0.3333
+    assert s["2hop"]["em_by_qtype"] == {"director_birthplace": 0.0, "studio_city_of_film": 0.5}
+    assert s["all"]["em_by_qtype"]["director"] == 1.0 and len(s["all"]["em_by_qtype"]) == 3
+
+
 def test_retrieval_recall_by_question_type():
     index = SearchIndex(CORPUS)
     tasks = [

@@ -369,7 +369,9 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
         by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
-            stage_log.metrics({f"{split}/{method}/{k}": v for k, v in metrics.items()})
+            flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
+            flat |= {f"em_{q}": v for q, v in metrics.get("em_by_qtype", {}).items()}
+            stage_log.metrics({f"{split}/{method}/{k}": v for k, v in flat.items()})
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
     _write_json(path, results)
     stage_log.artifact(path)
