@@ -57,8 +57,11 @@ def length_grouped_batches(lengths: torch.Tensor, batch_size: int, generator: to
     window rows are sorted by length before being cut into batches, and the batch order is
     shuffled again. Batches hold sequences of similar length (random ones pad ~30% of the
     tokens of the default demonstrations, these <1%), while which sequences share a window
-    stays random. A leftover of fewer than ``batch_size`` rows is dropped."""
+    stays random. A leftover of fewer than ``batch_size`` rows is dropped (fewer rows than
+    ``batch_size`` in all make one batch)."""
     perm = torch.randperm(len(lengths), generator=generator)
+    if len(perm) < batch_size:
+        return [perm.tolist()]
     perm = perm[: len(perm) - len(perm) % batch_size]
     batches = []
     for chunk in perm.split(window * batch_size):

@@ -291,3 +291,5 @@ def test_length_grouped_batches_cover_an_epoch_once_with_little_padding():
     # ... and the order is not the sorted one: lengths of consecutive batches are mixed
     maxes = [int(lengths[b].max()) for b in batches]
     assert maxes != sorted(maxes) and maxes != sorted(maxes, reverse=True)
+    # fewer rows than one batch: one short batch, as random batching gave
+    assert sorted(length_grouped_batches(lengths[:3], 8, torch.Generator().manual_seed(1))[0]) == [0, 1, 2]

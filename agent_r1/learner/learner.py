@@ -159,10 +159,10 @@ class Learner:
         out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
         lengths = batch["attention_mask"].sum(1)
         rows = torch.arange(len(lengths)) if rows is None else rows
-        for rows in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, rows, _device(model))
+        for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
+            mb = _trim(batch, micro, _device(model))
             T = mb["input_ids"].shape[1]
-            out[rows, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature).float().cpu()
+            out[micro, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature).float().cpu()
         model.train(was)
         return out
 
