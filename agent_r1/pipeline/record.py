@@ -118,9 +118,6 @@ class Recorder:
             self.open()
         return StageLog(self.tracker, self.tracker.stage_run(self.run_id, name))
 
-    def end_stage(self, slog: StageLog, status: str = "FINISHED") -> None:
-        slog.end(status)
-
     @contextmanager
     def timed_stage(self, name: str, timings: dict) -> Iterator[StageLog]:
         """One stage's nested run: FAILED if the block raises, else FINISHED with its wall time
@@ -130,11 +127,11 @@ class Recorder:
         try:
             yield slog
         except BaseException:
-            self.end_stage(slog, "FAILED")
+            slog.end("FAILED")
             raise
         timings[f"{name}_s"] = time.perf_counter() - t0
         slog.metrics({"wall_s": timings[f"{name}_s"]})
-        self.end_stage(slog)
+        slog.end()
 
     def close(self, status: str = "FINISHED") -> None:
         """End the pipeline run; the next stage run starts a new pipeline run."""
