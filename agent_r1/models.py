@@ -94,12 +94,18 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> torch.nn
     return model
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """Load a causal LM and its tokenizer from a folder or hub id (checkpoints are such folders)."""
+def default_device() -> torch.device:
+    """The GPU when there is one (evaluation, the frozen reference and rollouts run there), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    """Load a causal LM and its tokenizer from a folder or hub id (checkpoints are such folders),
+    on ``device`` (default: :func:`default_device`)."""
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device or default_device())
     return model, tokenizer
 
 

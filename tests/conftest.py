@@ -135,7 +135,7 @@ class ScriptedEngine(RolloutEngine):
             if ids is None:
                 out.append(sampled[i])
                 continue
-            full = torch.tensor([ctx + ids])
+            full = torch.tensor([ctx + ids], device=next(self.model.parameters()).device)
             temp = params.temperature if params.temperature > 0 else 1.0
             was = self.model.training
             self.model.eval()

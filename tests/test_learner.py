@@ -39,7 +39,8 @@ def batch_of(trajs, pad_id, **kw):
 
 
 def state(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A CPU copy of the weights (on a GPU machine the learner's live ones are on the GPU)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def loaded_state(path) -> dict[str, torch.Tensor]:
