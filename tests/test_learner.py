@@ -255,8 +255,8 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, m
     assert skipped["update/tokens"] < full["update/tokens"]
     changed = [k for k in after_full if not torch.equal(after_full[k], state(make_model(seed=11))[k])]
     assert changed
-    for k in after_full:
-        torch.testing.assert_close(after_skip[k], after_full[k], rtol=1e-4, atol=1e-6)
+    for k in after_full:  # atol: on an H100 the two summation orders differed by 3e-6 in one weight
+        torch.testing.assert_close(after_skip[k], after_full[k], rtol=1e-4, atol=1e-5)
 
 
 def test_no_row_is_skipped_when_a_kl_or_entropy_term_gives_it_a_gradient(tok, make_model):
