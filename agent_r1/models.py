@@ -49,11 +49,21 @@ class TinyModelConfig(BaseModel):
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on ``texts`` and give it the chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Train a byte-level BPE tokenizer on ``texts`` and give it the chat template.
+
+    A space before a capital letter is a token of its own, so a name is the same token ids
+    wherever it stands: after a space in a document or question, after ``"`` in a tool call's
+    query, after ``<answer>``. With GPT-2's pre-tokenizer alone, " Vamem" in a document and
+    "Vamem" in an answer are different tokens, and a small model must learn that pair for every
+    name instead of learning to copy; the isolated spaces cost ~6% more tokens.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r" (?=\p{Lu})"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     specials = [PAD, IM_START, IM_END]
     trainer = trainers.BpeTrainer(

@@ -242,7 +242,11 @@ def test_single_word_names_are_one_token_each_and_still_held_out():
     titles = list(w.corpus["title"])
     assert all(" " not in t for t in titles) and len(set(titles)) == len(titles)
     tok = train_tokenizer(list(w.corpus["text"]) + titles + list(w.questions["question"]), vocab_size=4096)
-    assert all(len(tok.encode(" " + t, add_special_tokens=False)) == 1 for t in titles)
+    # one token, and the same one after a space, a quote or a tag: copying a name is copying a token
+    for t in titles:
+        (name,) = tok.encode(t, add_special_tokens=False)
+        for context in (f"made by {t}.", f'{{"query": "{t}"}}', f"<answer>{t}</answer>"):
+            assert name in tok.encode(context, add_special_tokens=False), (t, context)
     split_titles = {s: {t for ts in w.questions[w.questions.split == s]["gold_titles"] for t in ts} for s in ("train", "test")}
     assert split_titles["train"] and not split_titles["train"] & split_titles["test"]
     with pytest.raises(ValueError, match="name_words"):
