@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agent_r1.algorithms import ADVANTAGES, AdvantageInputs, get_advantage, ppo_clip_loss
 from agent_r1.config import RLConfig
 from agent_r1.learner import Learner, LearnerConfig, ValueModel, token_logprobs
+from agent_r1.models import default_device, load_model
 from agent_r1.rl import annotate
 from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
 
@@ -198,6 +199,9 @@ def test_save_writes_a_loadable_checkpoint_and_replaces_it_atomically(tok, make_
     assert all(torch.equal(second[k], v) for k, v in state(learner.model).items())
     assert not torch.equal(first["model.embed_tokens.weight"], second["model.embed_tokens.weight"])
     assert [p.name for p in path.parent.iterdir()] == ["policy"]  # no temp or .old folders left
+    # load_model puts a checkpoint on the GPU when there is one (evaluation, the KL reference)
+    assert next(load_model(path)[0].parameters()).device == default_device()
+    assert next(load_model(path, device="meta")[0].parameters()).device.type == "meta"
 
 
 @pytest.mark.parametrize("algorithm", ["gae", "step_gae"])

@@ -167,3 +167,18 @@ def test_search_tool_formats_passages_and_info(index):
     assert r.info == {"titles": ["Louvre", "Eiffel Tower"], "doc_ids": [11, 10]}
     empty = run_tool(search, {"query": ""})
     assert empty.error is None and empty.text.startswith("No results") and empty.info["titles"] == []
+
+
+@pytest.mark.parametrize("preset", [None, "cuda"])
+def test_search_keeps_jax_on_the_cpu_unless_the_user_chose(preset):
+    """bm25s runs a JAX op at import; on a GPU machine JAX would then take 75% of its memory."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if preset:
+        env["JAX_PLATFORMS"] = preset
+    code = "import os, agent_r1.tools.search; print(os.environ.get('JAX_PLATFORMS'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (preset or "cpu")

@@ -124,7 +124,7 @@ def test_register_load_and_aliases(tracker, tmp_path, tok, make_model):
     loaded, loaded_tok = load_model(folder)
     ids = torch.tensor([tok.encode("Which river flows through Vienna?")])
     with torch.no_grad():
-        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+        torch.testing.assert_close(loaded(ids.to(loaded.device)).logits.cpu(), model(ids).logits)
     assert loaded_tok.chat_template == tok.chat_template
     assert (tracker.load_agent(f"models:/agent/{version}") / "model.safetensors").exists()
     assert (tracker.load_agent(f"runs:/{run}/agent") / "config.json").exists()
