@@ -67,6 +67,9 @@ class SFTConfig(_Strict):
     # composition (film → studio); the other compositions are left for RL to discover.
     hops: list[int] = [1]
     qtypes: list[str] = ["studio_city_of_film"]
+    # Question types demonstrated only this many times per source (world or training split):
+    # scarce demonstrations that RL, with many more questions and a reward, has to make up for.
+    scarce: dict[str, int] = {}
     worlds: int = Field(0, ge=0)  # >0: demonstrations from this many fresh worlds (see run.py)
     epochs: float = Field(1.5, gt=0)
     batch_size: int = Field(8, ge=1)
@@ -141,6 +144,16 @@ class RunConfig(_Strict):
             if parse_method(m)["algorithm"] not in ADVANTAGES:
                 raise ValueError(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
                                  "(ppo = gae), optionally with _no_loss_mask or _no_adv_mask")
+        if self.data.source == "synthetic":
+            from agent_r1.data.synthetic import QTYPES
+
+            named = {"sft.qtypes": list(self.sft.qtypes), "sft.scarce": list(self.sft.scarce)}
+            for key, names in named.items():
+                unknown = sorted(set(names) - set(QTYPES))
+                if unknown:
+                    raise ValueError(f"{key}: unknown question type(s) {unknown}; known: {', '.join(QTYPES)}")
+        if any(n < 1 for n in self.sft.scarce.values()):
+            raise ValueError("sft.scarce: every count must be >= 1")
         if self.sft.worlds and self.data.source != "synthetic":
             raise ValueError("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:

@@ -152,7 +152,10 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
             sources.append((world.questions, tool))
     demos = []
     for df, tool in sources:
-        for t in tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes):
+        tasks = tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
+        for qtype, n in cfg.sft.scarce.items():
+            tasks += tasks_for(df[df["qtype"] == qtype], [], limit=n, seed=cfg.seed, qtypes=[qtype])
+        for t in tasks:
             demos.append(demonstration(t, agent.make_env().reset(t), tool, context))
     return demos
 

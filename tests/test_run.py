@@ -113,3 +113,32 @@ def test_demonstrations_from_fresh_worlds_do_not_reuse_the_training_split(tmp_pa
     questions = lambda demos: {tok.decode(d.steps[0].context_ids) for d in demos}
     assert len(fresh) > len(own)  # two whole worlds (both of their splits) vs one training split
     assert not questions(fresh) & questions(own)
+
+
+def test_scarce_question_types_are_demonstrated_n_times_per_world(tmp_path):
+    from agent_r1.run import Agent, make_search, oracle_demonstrations, prepare_data
+    from agent_r1.data.synthetic import load_split
+
+    small = ["data.n_films=16", "data.n_directors=6", "data.n_studios=3", f"output_dir={tmp_path}",
+             "sft.worlds=2", "sft.scarce={director_spouse: 3}"]
+    cfg = load_config("default", "pipelines.yaml", parse_overrides(small))
+    data_dir = prepare_data(cfg)
+    train = load_split(data_dir, "train")
+    tok = train_tokenizer(list(train["question"]) * 3, vocab_size=400)
+    agent = Agent(None, tok, make_search(cfg, data_dir), cfg)
+    demos = oracle_demonstrations(cfg, agent, agent.context(), train)
+    question = lambda d: tok.decode(d.steps[0].context_ids)
+    scarce = [d for d in demos if "director of" in question(d) and "married to" in question(d)]
+    assert len(scarce) == 3 * 2  # three per fresh world
+    assert all(len(d.steps) == 3 for d in scarce)  # two searches, then the answer
+    assert not any("director of" in question(d) and "born" in question(d) for d in demos)  # not asked for
+    # the fully demonstrated types are all there: every one-hop question of both worlds
+    assert sum(len(d.steps) == 2 for d in demos) > 50
+
+
+def test_unknown_question_types_in_the_demonstrations_are_named():
+    for override, key in (("sft.scarce={dirctor_spouse: 3}", "sft.scarce"), ("sft.qtypes=[studio_citty]", "sft.qtypes")):
+        with pytest.raises(ConfigError, match=f"{key}: unknown question type"):
+            load_config("default", "pipelines.yaml", parse_overrides([override]))
+    with pytest.raises(ConfigError, match="sft.scarce: every count must be >= 1"):
+        load_config("default", "pipelines.yaml", parse_overrides(["sft.scarce={director_spouse: 0}"]))
