@@ -147,8 +147,7 @@ class RunConfig(_Strict):
         if self.data.source == "synthetic":
             from agent_r1.data.synthetic import QTYPES
 
-            named = {"sft.qtypes": list(self.sft.qtypes), "sft.scarce": list(self.sft.scarce)}
-            for key, names in named.items():
+            for key, names in (("sft.qtypes", self.sft.qtypes), ("sft.scarce", self.sft.scarce)):
                 unknown = sorted(set(names) - set(QTYPES))
                 if unknown:
                     raise ValueError(f"{key}: unknown question type(s) {unknown}; known: {', '.join(QTYPES)}")
