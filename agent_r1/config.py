@@ -151,6 +151,9 @@ class RunConfig(_Strict):
                 unknown = sorted(set(names) - set(QTYPES))
                 if unknown:
                     raise ValueError(f"{key}: unknown question type(s) {unknown}; known: {', '.join(QTYPES)}")
+            full = sorted(q for q in self.sft.scarce if q in self.sft.qtypes or QTYPES[q][0] in self.sft.hops)
+            if full:
+                raise ValueError(f"sft.scarce: {full} already demonstrated in full by sft.hops or sft.qtypes")
         if any(n < 1 for n in self.sft.scarce.values()):
             raise ValueError("sft.scarce: every count must be >= 1")
         if self.sft.worlds and self.data.source != "synthetic":

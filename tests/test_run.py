@@ -140,5 +140,7 @@ def test_unknown_question_types_in_the_demonstrations_are_named():
     for override, key in (("sft.scarce={dirctor_spouse: 3}", "sft.scarce"), ("sft.qtypes=[studio_citty]", "sft.qtypes")):
         with pytest.raises(ConfigError, match=f"{key}: unknown question type"):
             load_config("default", "pipelines.yaml", parse_overrides([override]))
+    with pytest.raises(ConfigError, match=r"sft.scarce: \['studio'\] already demonstrated in full"):
+        load_config("default", "pipelines.yaml", parse_overrides(["sft.scarce={studio: 3}"]))
     with pytest.raises(ConfigError, match="sft.scarce: every count must be >= 1"):
         load_config("default", "pipelines.yaml", parse_overrides(["sft.scarce={director_spouse: 0}"]))
