@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
@@ -69,7 +69,7 @@ class SFTConfig(_Strict):
     qtypes: list[str] = ["studio_city_of_film"]
     # Question types demonstrated only this many times per source (world or training split):
     # scarce demonstrations that RL, with many more questions and a reward, has to make up for.
-    scarce: dict[str, int] = {}
+    scarce: dict[str, PositiveInt] = {}
     worlds: int = Field(0, ge=0)  # >0: demonstrations from this many fresh worlds (see run.py)
     epochs: float = Field(1.5, gt=0)
     batch_size: int = Field(8, ge=1)
@@ -154,8 +154,6 @@ class RunConfig(_Strict):
             full = sorted(q for q in self.sft.scarce if q in self.sft.qtypes or QTYPES[q][0] in self.sft.hops)
             if full:
                 raise ValueError(f"sft.scarce: {full} already demonstrated in full by sft.hops or sft.qtypes")
-        if any(n < 1 for n in self.sft.scarce.values()):
-            raise ValueError("sft.scarce: every count must be >= 1")
         if self.sft.worlds and self.data.source != "synthetic":
             raise ValueError("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:

@@ -154,7 +154,7 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
     for df, tool in sources:
         tasks = tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
         for qtype, n in cfg.sft.scarce.items():
-            tasks += tasks_for(df[df["qtype"] == qtype], [], limit=n, seed=cfg.seed, qtypes=[qtype])
+            tasks += tasks_for(df, [], limit=n, seed=cfg.seed, qtypes=[qtype])
         for t in tasks:
             demos.append(demonstration(t, agent.make_env().reset(t), tool, context))
     return demos
