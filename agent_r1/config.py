@@ -80,7 +80,10 @@ class SFTConfig(_Strict):
 
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
-    hops: list[int] = [2]  # which questions RL trains on
+    # Which questions RL trains on: every training question with one of `hops`, plus the
+    # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
+    hops: list[int] = [2]
+    qtypes: list[str] = []
     iterations: int = Field(100, ge=0)
     tasks_per_iteration: int = Field(16, ge=1)
     group_size: int = Field(8, ge=1)
@@ -147,7 +150,8 @@ class RunConfig(_Strict):
         if self.data.source == "synthetic":
             from agent_r1.data.synthetic import QTYPES
 
-            for key, names in (("sft.qtypes", self.sft.qtypes), ("sft.scarce", self.sft.scarce)):
+            for key, names in (("sft.qtypes", self.sft.qtypes), ("sft.scarce", self.sft.scarce),
+                               ("rl.qtypes", self.rl.qtypes)):
                 unknown = sorted(set(names) - set(QTYPES))
                 if unknown:
                     raise ValueError(f"{key}: unknown question type(s) {unknown}; known: {', '.join(QTYPES)}")

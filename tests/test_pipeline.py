@@ -4,6 +4,7 @@ inheritance, HotpotQA preparation, retrieval recall and transcripts."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -108,6 +109,18 @@ def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_
     for _ in range(2):
         t.step()
     assert stages.RLTrainer(changed.model_copy(update={"seed": 1})).iteration == 0  # other seed: fresh
+
+
+def test_rl_trains_on_the_configured_question_types_only(tmp_path):
+    cfg = tiny_cfg(tmp_path, "rl.hops=[]", "rl.qtypes=[director_birthplace]")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    train = pd.read_parquet(cfg.out / "data" / "train.parquet")
+    trainer = stages.RLTrainer(cfg)
+    assert {t["qtype"] for t in trainer.tasks} == {"director_birthplace"}
+    assert len(trainer.tasks) == (train["qtype"] == "director_birthplace").sum()
+    with pytest.raises(ValueError, match=r"no training questions with rl.hops=\[\] or rl.qtypes=\[\]"):
+        stages.RLTrainer(tiny_cfg(tmp_path, "rl.hops=[]"))
 
 
 # ------------------------------------------------------------------------------ comparison

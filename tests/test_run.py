@@ -136,8 +136,9 @@ def test_scarce_question_types_are_demonstrated_n_times_per_world(tmp_path):
     assert sum(len(d.steps) == 2 for d in demos) > 50
 
 
-def test_unknown_question_types_in_the_demonstrations_are_named():
-    for override, key in (("sft.scarce={dirctor_spouse: 3}", "sft.scarce"), ("sft.qtypes=[studio_citty]", "sft.qtypes")):
+def test_unknown_question_types_are_named():
+    for override, key in (("sft.scarce={dirctor_spouse: 3}", "sft.scarce"), ("sft.qtypes=[studio_citty]", "sft.qtypes"),
+                          ("rl.qtypes=[director_brithplace]", "rl.qtypes")):
         with pytest.raises(ConfigError, match=f"{key}: unknown question type"):
             load_config("default", "pipelines.yaml", parse_overrides([override]))
     with pytest.raises(ConfigError, match=r"sft.scarce: \['studio'\] already demonstrated in full"):

@@ -229,9 +229,10 @@ class RLTrainer:
         critic = ValueModel(_load_start(cfg, tracker)[0]) if cfg.rl.algorithm in NEEDS_CRITIC else None
         self.learner = Learner(model, lc, reference=reference, critic=critic)
         self.engine = HFEngine(model, self.tokenizer)
-        self.tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed)
+        self.tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
         if not self.tasks:
-            raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} in {data_dir}/train.parquet")
+            raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} or rl.qtypes={cfg.rl.qtypes} "
+                             f"in {data_dir}/train.parquet")
         self.rng = torch.Generator().manual_seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.iteration, self.history = 0, []
