@@ -37,7 +37,12 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name_or_path: str | None = None  # None: a tiny model built from `tiny`, tokenizer trained here
+    # a folder, a hub id, or a packaged model (agent_r1.models.PACKAGED_MODELS: smollm2-135m-instruct);
+    # None: a tiny model built from `tiny`, tokenizer trained here
+    name_or_path: str | None = None
+    # compute precision of every forward pass (rollout, evaluation, learner) under autocast;
+    # weights and optimizer state stay fp32. auto: bf16 where the hardware computes it natively
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     tiny: TinyModelConfig = TinyModelConfig()
     seed: int = 0
 

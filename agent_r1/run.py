@@ -161,7 +161,7 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
 
 
 def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "eval") -> tuple[dict, list]:
-    engine = HFEngine(agent.model, agent.tokenizer)
+    engine = HFEngine(agent.model, agent.tokenizer, precision=agent.cfg.model.precision)
     params = SamplingParams(temperature=agent.cfg.eval.temperature, max_new_tokens=agent.cfg.env.max_new_tokens)
     torch.manual_seed(agent.cfg.seed)
     with (progress or Progress.null()).task(label, total=None) as report:

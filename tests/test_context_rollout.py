@@ -270,3 +270,74 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
 
     drift = [s for t in trajs for s in t.steps if reencoded(s.action_ids) != s.action_ids]
     assert len(drift) >= 2
+
+
+# ------------------------------------------------------------------------------- KV reuse across turns
+
+
+def _episodes(tok, model, cm, tasks, reuse: bool, max_new_tokens=4, seed=0):
+    engine = HFEngine(model, tok, reuse_kv=reuse)
+    torch.manual_seed(seed)
+    trajs = run_episodes(engine, TurnsEnv, tasks, cm, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens))
+    return trajs, engine.stats()
+
+
+def _same_turns(a, b):
+    for ta, tb in zip(a, b):
+        assert [s.context_ids for s in ta.steps] == [s.context_ids for s in tb.steps]
+        assert [s.action_ids for s in ta.steps] == [s.action_ids for s in tb.steps]
+        for sa, sb in zip(ta.steps, tb.steps):
+            assert torch.allclose(torch.tensor(sa.action_logprobs), torch.tensor(sb.action_logprobs), atol=1e-4)
+
+
+def test_kv_reuse_prefills_only_appended_tokens_and_samples_the_same_ids(tok, make_model):
+    """Episodes ending at different turns in one batch, some turns cut at max_new_tokens (their
+    end-of-turn token is added as context): the same seed gives the same ids and log-probs with
+    and without reuse, and each turn after the first prefills only what was appended."""
+    model = make_model(seed=3, std=0.3)
+    with torch.no_grad():  # make the end-of-turn token likely enough that some turns end early
+        model.model.embed_tokens.weight[tok.eos_token_id] *= 2
+    tasks = [{"id": "a", "prompt": "go", "turns": 3}, {"id": "b", "prompt": "go go", "turns": 1},
+             {"id": "c", "prompt": "hi", "turns": 2}, {"id": "d", "prompt": "go", "turns": 3}]
+    cm = ContextManager(tok)
+    reused, stats = _episodes(tok, model, cm, tasks, reuse=True)
+    full, full_stats = _episodes(tok, model, cm, tasks, reuse=False)
+    _same_turns(reused, full)
+    steps = [s for t in reused for s in t.steps]
+    assert any(s.truncated for s in steps) and any(not s.truncated for s in steps)
+    contexts = sum(len(s.context_ids) for s in steps)
+    assert full_stats["prefill_tokens"] == contexts - len(reused[0].steps[0].context_ids)  # a and d share a prompt
+    # with reuse a later turn prefills its last action id (never run) + the observation + header
+    expected = sum(len(t.steps[0].context_ids) for t in reused[:3])
+    for t in reused:
+        for prev, nxt in zip(t.steps, t.steps[1:]):
+            expected += len(nxt.context_ids) - len(prev.context_ids) - len(prev.action_ids) + 1
+    assert stats["prefill_tokens"] == expected
+    assert stats["prefill_reused_share"] == pytest.approx(1 - expected / contexts)
+
+
+def test_kv_reuse_falls_back_to_a_full_prefill_after_a_context_rewrite(tok, make_model):
+    """A sliding window drops turns from the context: nothing kept is a prefix of it any more."""
+    model = make_model(seed=4)
+    cm = SlidingWindow(tok, window=1)
+    tasks = [{"id": "a", "prompt": "go", "turns": 3}]
+    reused, stats = _episodes(tok, model, cm, tasks, reuse=True)
+    full, _ = _episodes(tok, model, cm, tasks, reuse=False)
+    _same_turns(reused, full)
+    s0, s1, s2 = reused[0].steps
+    # turn 1 still extends turn 0; turn 2 no longer holds turn 0's action: a full prefill
+    assert stats["prefill_tokens"] == len(s0.context_ids) + (len(s1.context_ids) - len(s0.context_ids) - len(s0.action_ids) + 1) + len(s2.context_ids)
+
+
+def test_kv_reuse_is_reset_between_batches_of_episodes(tok, make_model):
+    model = make_model(seed=4)
+    engine = HFEngine(model, tok)
+    ctx = tok.encode("the Louvre is in")
+    params = SamplingParams(temperature=0.0, max_new_tokens=3)
+    (g,) = engine.generate([ctx], params)
+    engine.generate([ctx + g.ids + tok.encode(" ok")], params)
+    assert engine.stats()["prefill_tokens"] == len(ctx) + len(tok.encode(" ok")) + 1
+    engine.reset()
+    assert engine.stats() == {"prefill_tokens": 0, "prefill_reused_share": 0.0}
+    engine.generate([ctx + g.ids + tok.encode(" ok")], params)
+    assert engine.stats()["prefill_reused_share"] == 0.0

@@ -18,7 +18,7 @@ from agent_r1.data import (
     write_questions,
 )
 
-HOTPOT_DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "hotpotqa" / "dev.jsonl"
+HOTPOT_DEV = Path(__file__).resolve().parents[1] / "data" / "hotpotqa" / "dev.jsonl"  # shipped with the project
 CITY_QTYPES = {"birthplace", "studio_city", "director_birthplace", "studio_city_of_film",
                "director_spouse_birthplace"}
 SMALL = WorldConfig(seed=3, n_films=40, n_directors=12, n_studios=6, n_cities=8)

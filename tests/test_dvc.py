@@ -69,19 +69,22 @@ def scratch_repo(tmp: Path, pipeline: dict) -> Path:
     return repo
 
 
-def repo_default() -> dict:
-    return yaml.safe_load((ROOT / "pipelines.yaml").read_text())["pipelines"]["default"]
+def repo_pipeline(name: str = "tiny") -> dict:
+    """A pipeline of the repository's pipelines.yaml (the tests run ``tiny`` as the scratch
+    repository's default)."""
+    return yaml.safe_load((ROOT / "pipelines.yaml").read_text())["pipelines"][name]
 
 
 def ran(output: str) -> list[str]:
     return re.findall(r"Running stage '(\w+)'", output)
 
 
-def test_dvc_yaml_params_deps_and_config_resolve(tmp_path, monkeypatch):
-    """Every param dvc.yaml lists exists in the repository's pipelines.yaml, every code
-    dependency exists, no stage touches state/, and .dvc/config keeps DVC offline and its site
-    cache inside the project."""
-    repo = scratch_repo(tmp_path, repo_default())
+@pytest.mark.parametrize("pipeline", ["default", "tiny"])
+def test_dvc_yaml_params_deps_and_config_resolve(tmp_path, monkeypatch, pipeline):
+    """Every param dvc.yaml lists exists in the repository's pipelines.yaml (the default
+    pipeline and the tiny one), every code dependency exists, no stage touches state/, and
+    .dvc/config keeps DVC offline and its site cache inside the project."""
+    repo = scratch_repo(tmp_path, repo_pipeline(pipeline))
     monkeypatch.chdir(repo)  # core.site_cache_dir is relative to where DVC runs
     monkeypatch.delenv("DVC_SITE_CACHE_DIR", raising=False)
     from dvc.dependency.param import ParamsDependency
@@ -113,7 +116,7 @@ def test_dvc_yaml_params_deps_and_config_resolve(tmp_path, monkeypatch):
 def test_dvc_repro_exp_run_and_metrics(tmp_path):
     """`dvc repro` runs the five stages; again it runs none; `dvc exp run -S` with a changed RL
     and eval parameter re-runs train, evaluate and register only; metrics show the numbers."""
-    repo = scratch_repo(tmp_path, _merge(repo_default(), parse_overrides(TINY)))
+    repo = scratch_repo(tmp_path, _merge(repo_pipeline(), parse_overrides(TINY)))
     env = _env(tmp_path)
     dvc = [str(BIN / "dvc")]
     out = repo / "outputs" / "default"

@@ -71,7 +71,7 @@ def trained(harness, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     tracker = mlflow_env(mp, root)
     try:
-        state = training_flow(TrainingParams(overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2")),
+        state = training_flow(TrainingParams(pipeline="tiny", overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2")),
                               return_state=True)
     finally:
         mp.undo()
@@ -126,7 +126,7 @@ def test_evaluation_flow_scores_a_registered_agent(trained, tmp_path, monkeypatc
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", trained["tracker"].uri)
     sft_dir = str(trained["out"] / "checkpoints" / "sft")
-    res = evaluation_flow(EvaluationParams(overrides=tiny(tmp_path / "out"),
+    res = evaluation_flow(EvaluationParams(pipeline="tiny", overrides=tiny(tmp_path / "out"),
                                            models={"champion": "models:/agent-r1@champion", "sft": sft_dir}))
     trained_eval = trained["result"]["eval"]
     assert set(res["eval"]["test"]) == {"champion", "sft"}
@@ -151,14 +151,14 @@ def test_retraining_promotes_only_a_better_agent(trained, tmp_path, monkeypatch)
     weak = tracker.log_agent(seed_run, trained["out"] / "checkpoints" / "base", "agent-r1", alias="champion")
     sft_dir = trained["out"] / "checkpoints" / "sft"
 
-    better = retraining_flow(PipelineParams(overrides=tiny(tmp_path / "r1", f"rl.init_from={sft_dir}", "rl.iterations=1")))
+    better = retraining_flow(PipelineParams(pipeline="tiny", overrides=tiny(tmp_path / "r1", f"rl.init_from={sft_dir}", "rl.iterations=1")))
     reg = better["register"]
     assert better["promoted"] and reg["alias"] == "champion" and "beats champion" in reg["reason"]
     assert reg["score"] > reg["champion_score"] == better["eval"]["test"]["champion"]["reward"]
     assert better["champion"] == f"models:/agent-r1/{weak}"
     assert tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]
 
-    same = retraining_flow(PipelineParams(overrides=tiny(tmp_path / "r2", "rl.iterations=0")))
+    same = retraining_flow(PipelineParams(pipeline="tiny", overrides=tiny(tmp_path / "r2", "rl.iterations=0")))
     reg2 = same["register"]
     assert same["init_from"] == f"models:/agent-r1/{reg['version']}"  # RL started from the champion
     assert not same["promoted"] and reg2["alias"] == "challenger" and "does not beat" in reg2["reason"]
@@ -184,7 +184,7 @@ def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, t
     MLflow pipeline run, and finishes."""
     iterations = 8
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "flows.training", "--no-register"]
+    cmd = [sys.executable, "-m", "flows.training", "-p", "tiny", "--no-register"]
     for o in tiny(out, f"rl.iterations={iterations}", "rl.checkpoint_every=1"):
         cmd += ["-s", o]
     env = _python_env(PREFECT_API_URL=harness, PREFECT_HOME=str(prefect_home),
@@ -285,7 +285,7 @@ def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
             retraining = client.read_deployment_by_name("retraining/retraining")
             assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
             overrides = tiny(tmp_path / "out", "rl.iterations=2")
-            run = run_deployment("retraining/retraining", parameters={"params": {"overrides": overrides}},
+            run = run_deployment("retraining/retraining", parameters={"params": {"pipeline": "tiny", "overrides": overrides}},
                                  timeout=400, poll_interval=1)
             assert run.state.is_completed(), (tmp_path / "serve.log").read_text()[-3000:]
         tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)

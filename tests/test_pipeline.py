@@ -19,7 +19,7 @@ from agent_r1.transcripts import transcript
 
 from conftest import CORPUS, TASKS
 
-HOTPOTQA = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa"
+HOTPOTQA = Path(__file__).resolve().parents[1] / "data" / "hotpotqa"  # shipped with the project
 
 TINY = [
     "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=4",
@@ -30,7 +30,7 @@ TINY = [
 
 
 def tiny_cfg(tmp_path, *extra):
-    return load_config("default", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *TINY, *extra]))
+    return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *TINY, *extra]))
 
 
 def weights(path) -> dict:
@@ -195,7 +195,6 @@ def test_retrieval_recall_by_question_type():
     assert r["all"]["recall@1"] == pytest.approx(0.75) and r["all"]["n"] == 2
 
 
-@pytest.mark.skipif(not HOTPOTQA.exists(), reason="needs ../shared/data/hotpotqa beside the checkout")
 def test_hotpotqa_folder_is_prepared_with_train_and_test_splits(tmp_path):
     cfg = load_config("default", "pipelines.yaml", parse_overrides(
         [f"output_dir={tmp_path}", "data.source=hotpotqa", f"data.path={HOTPOTQA}", "sft.worlds=0"]))

@@ -78,7 +78,7 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
         "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
         "model.tiny.vocab_size=400",
     ])
-    cfg = load_config("default", "pipelines.yaml", overrides)
+    cfg = load_config("tiny", "pipelines.yaml", overrides)
     results = run_all(cfg)["eval"]
     written = json.loads((tmp_path / "metrics" / "eval.json").read_text())
     assert written == json.loads(json.dumps(results))
@@ -99,7 +99,7 @@ def _demo_setup(tmp_path, overrides):
     from agent_r1.run import Agent, make_search, prepare_data
     from agent_r1.data.synthetic import load_split
 
-    cfg = load_config("default", "pipelines.yaml", parse_overrides(overrides + [f"output_dir={tmp_path}"]))
+    cfg = load_config("tiny", "pipelines.yaml", parse_overrides(overrides + [f"output_dir={tmp_path}"]))
     data_dir = prepare_data(cfg)
     train = load_split(data_dir, "train")
     tok = train_tokenizer(list(train["question"]) * 3, vocab_size=400)

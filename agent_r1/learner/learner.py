@@ -10,8 +10,6 @@ how the batch was split.
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,9 @@ from agent_r1.algorithms import (
     logprobs_from_logits,
     value_loss,
 )
+from agent_r1.atomic import replace_dir
 from agent_r1.learner.distributed import init_distributed
+from agent_r1.models import autocast
 
 
 class LearnerConfig(BaseModel):
@@ -75,16 +75,33 @@ def _initialize(module: torch.nn.Module, lr: float, cfg: LearnerConfig):
     return engine
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):
-    """log p(ids[t] | ids[:t]) aligned to ``input_ids`` (position 0 gets 0), optionally entropies."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False,
+                   positions: torch.Tensor | None = None):
+    """log p(ids[t] | ids[:t]) aligned to ``input_ids`` (position 0 gets 0), optionally entropies.
+
+    With ``positions`` (a bool mask like ``input_ids``, e.g. the loss mask) the LM head and the
+    softmax over the vocabulary run only at those positions and the rest are 0: for a 49k-token
+    vocabulary that head is a fifth of a small model's forward, and the context tokens (prompt,
+    observations), most of a sequence, never need it.
+    """
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        targets = input_ids[:, 1:]
+    else:
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        at = positions[:, 1:].bool()
+        logits = model.get_output_embeddings()(hidden[:, :-1][at])
+        targets = input_ids[:, 1:][at]
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    outs = [logprobs_from_logits(logits, targets)] + ([entropy_from_logits(logits)] if with_entropy else [])
+    if positions is not None:  # scatter back to [B, T-1]
+        full = [torch.zeros(at.shape, dtype=o.dtype, device=o.device).masked_scatter(at, o) for o in outs]
+        outs = full
     pad = torch.zeros_like(input_ids[:, :1], dtype=logits.dtype)
-    logp = torch.cat([pad, logprobs_from_logits(logits, input_ids[:, 1:])], dim=1)
-    if not with_entropy:
-        return logp
-    return logp, torch.cat([pad, entropy_from_logits(logits)], dim=1)
+    outs = [torch.cat([pad, o], dim=1) for o in outs]
+    return (outs[0], outs[1]) if with_entropy else outs[0]
 
 
 def split_by_tokens(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> list[torch.Tensor]:
@@ -137,8 +154,10 @@ class _Weights:
 class Learner:
     """Owns the DeepSpeed engines and applies SFT and RL updates."""
 
-    def __init__(self, policy, cfg: LearnerConfig, reference=None, critic: ValueModel | None = None):
+    def __init__(self, policy, cfg: LearnerConfig, reference=None, critic: ValueModel | None = None,
+                 precision: str = "auto"):
         self.cfg = cfg
+        self.precision = precision  # forward passes under agent_r1.models.autocast; fp32 master weights
         self.engine = _initialize(policy, cfg.lr, cfg)
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.critic = _initialize(critic, cfg.critic_lr, cfg) if critic is not None else None
@@ -151,8 +170,8 @@ class Learner:
     # ---------------------------------------------------------------- forward-only passes
     @torch.no_grad()
     def logprobs(self, batch: dict, model=None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Log-probs of ``batch`` (of its ``rows``; the others stay 0) under the policy (or
-        ``model``), micro-batched, no grad."""
+        """Log-probs of ``batch`` at its loss-mask positions (of its ``rows``; everything else
+        stays 0) under the policy (or ``model``), micro-batched, no grad."""
         model = model if model is not None else self.model
         was = model.training
         model.eval()
@@ -162,7 +181,9 @@ class Learner:
         for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
             mb = _trim(batch, micro, _device(model))
             T = mb["input_ids"].shape[1]
-            out[micro, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature).float().cpu()
+            with autocast(self.precision, _device(model)):
+                out[micro, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature,
+                                                positions=mb["loss_mask"]).float().cpu()
         model.train(was)
         return out
 
@@ -172,7 +193,8 @@ class Learner:
         lengths = batch["attention_mask"].sum(1)
         for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
             mb = _trim(batch, rows, _device(self.critic))
-            out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"]).float().cpu()
+            with autocast(self.precision, _device(self.critic)):
+                out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"]).float().cpu()
         return out
 
     # ---------------------------------------------------------------- updates
@@ -203,7 +225,8 @@ class Learner:
             w = self._weight(mb[mask_key], total)
             if w == 0:
                 continue
-            loss, metrics = loss_fn(mb)
+            with autocast(self.precision, _device(engine)):
+                loss, metrics = loss_fn(mb)
             engine.backward(loss * w)
             w_sum += w
             for k, v in metrics.items():
@@ -228,7 +251,7 @@ class Learner:
         """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
 
         def loss_fn(mb):
-            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"])
+            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], positions=mb["loss_mask"])
             loss = -aggregate(logp, mb["loss_mask"], self.cfg.loss_agg)
             return loss, {"sft_loss": loss.detach()}
 
@@ -245,7 +268,8 @@ class Learner:
 
         def policy_loss_fn(mb):
             logp, ent = token_logprobs(
-                self.model, mb["input_ids"], mb["attention_mask"], cfg.temperature, with_entropy=True
+                self.model, mb["input_ids"], mb["attention_mask"], cfg.temperature, with_entropy=True,
+                positions=mb["loss_mask"],
             )
             mask = mb["loss_mask"]
             loss, metrics = self.policy_loss(
@@ -312,7 +336,7 @@ class Learner:
             self.critic.save_checkpoint(str(tmp), tag="critic", save_latest=False)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _replace_dir(tmp, path)
+        replace_dir(tmp, path)
         return path
 
     def load_state(self, path: str | Path) -> dict:
@@ -321,18 +345,6 @@ class Learner:
         if self.critic is not None:
             self.critic.load_checkpoint(str(path), tag="critic")
         return client
-
-
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished folder ``tmp`` to ``path`` (readers see the old or the new, never half)."""
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Path:
@@ -351,5 +363,5 @@ def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Pat
     module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    _replace_dir(tmp, path)
+    replace_dir(tmp, path)
     return path

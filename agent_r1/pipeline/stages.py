@@ -162,8 +162,10 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
             from agent_r1.learner import save_hf_checkpoint
 
             save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
+        else:  # the baseline is the configured model itself; the folder names it (a DVC output)
+            _write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
     agent = Agent(model, tokenizer, search, cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
     start, history = 0, []
     if resume:
         client = learner.load_state(state_dir)
@@ -227,8 +229,8 @@ class RLTrainer:
         lc = cfg.rl.learner
         reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
         critic = ValueModel(_load_start(cfg, tracker)[0]) if cfg.rl.algorithm in NEEDS_CRITIC else None
-        self.learner = Learner(model, lc, reference=reference, critic=critic)
-        self.engine = HFEngine(model, self.tokenizer)
+        self.learner = Learner(model, lc, reference=reference, critic=critic, precision=cfg.model.precision)
+        self.engine = HFEngine(model, self.tokenizer, precision=cfg.model.precision)
         self.tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
         if not self.tasks:
             raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} or rl.qtypes={cfg.rl.qtypes} "
@@ -268,7 +270,8 @@ class RLTrainer:
     def end_iteration(self, trajs: list, stats: dict) -> dict:
         """Record the iteration's metrics; save a resumable state when due."""
         self.iteration += 1
-        stats = {**stats, **rollout_stats(trajs), "iteration": self.iteration,
+        stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in self.engine.stats().items()},
+                 "iteration": self.iteration,
                  "time/rollout_s": self._t_rollout, "time/iteration_s": time.perf_counter() - self._t0}
         self.history.append(stats)
         self.log.metrics(stats, self.iteration)
@@ -428,7 +431,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
     agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}))
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     deadline, seed = time.perf_counter() + seconds, cfg.seed
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
+
+from agent_r1.models import autocast
 
 
 @dataclass
@@ -29,65 +32,181 @@ class Generation:
 
 
 class RolloutEngine(ABC):
-    """Generates one model turn for many contexts at once."""
+    """Generates one model turn for many contexts at once.
+
+    The contract of :meth:`generate`: one :class:`Generation` per context, in order; a finished
+    generation ends with the end-of-turn (eos) token and holds at most ``max_new_tokens`` ids;
+    ``logprobs[k]`` is the log-probability of ``ids[k]`` under the distribution it was sampled
+    from (temperature and top-p applied; greedy: the untempered one).
+    """
 
     @abstractmethod
     def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 
+    def reset(self) -> None:
+        """Forget anything kept between calls (``run_episodes`` calls it before a batch of
+        episodes: the weights may have changed since the last one)."""
+
+    def stats(self) -> dict:
+        """Counters since the last :meth:`reset` (e.g. prefill tokens reused)."""
+        return {}
+
+
+def sample(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens for ``logits`` [B, V] and their log-probs under the distribution sampled from."""
+    logits = logits.float()
+    if params.temperature <= 0:
+        ids = logits.argmax(-1)
+        return ids, F.log_softmax(logits, -1).gather(-1, ids[:, None]).squeeze(-1)
+    logits = logits / params.temperature
+    if params.top_p < 1.0:  # nucleus: drop the tail whose mass lies beyond top_p
+        probs, order = F.softmax(logits, -1).sort(-1, descending=True)
+        drop = probs.cumsum(-1) - probs >= params.top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    logp = F.log_softmax(logits, -1)
+    ids = torch.multinomial(logp.exp(), 1).squeeze(-1)
+    return ids, logp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+@dataclass
+class _Kept:
+    """One sequence's KV cache (per layer: keys, values [kv_heads, len, head_dim]) and its ids."""
+
+    ids: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
 
 class HFEngine(RolloutEngine):
-    """Batched ``transformers`` generation in process, sharing the policy module with the learner.
+    """Batched sampling with a ``transformers`` causal LM in process, sharing the policy module
+    with the learner.
 
-    Contexts are left-padded into batches of up to ``max_batch_size``; each batch is one
-    ``generate`` call with a KV cache, so N episodes advance together in one forward per token.
+    **KV reuse across turns.** After each call the engine keeps every sequence's KV cache
+    (context + generated ids). When a later context starts with a kept sequence — the
+    full-history context manager only appends an observation and the next assistant header —
+    only the appended tokens are prefilled; a context that rewrote its history (a sliding
+    window) matches nothing and is prefilled in full. Identical new contexts (a GRPO group's
+    shared prompt) are prefilled once. ``stats()`` reports the share of context tokens reused.
+    The ids and log-probs are those of a full prefill: reuse changes only what is recomputed.
+
+    Contexts go in batches of up to ``max_batch_size``. A batch is laid out right-aligned: each
+    row's kept prefix sits in the cache, the tokens after it are the input, and the shorter rows
+    are left-padded (masked, with positions counted from each row's first real token).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 64):
+    def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 64, precision: str = "auto",
+                 reuse_kv: bool = True):
         self.model = model
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.max_batch_size = max_batch_size
+        self.precision = precision  # agent_r1.models.autocast
+        self.reuse_kv = reuse_kv
+        self.reset()
+
+    def reset(self) -> None:
+        self._kept: dict[tuple[int, ...], _Kept] = {}
+        self._counts = {"context_tokens": 0, "prefill_tokens": 0}
+
+    def stats(self) -> dict:
+        c = self._counts
+        return {"prefill_tokens": c["prefill_tokens"],
+                "prefill_reused_share": 1 - c["prefill_tokens"] / c["context_tokens"] if c["context_tokens"] else 0.0}
 
     @torch.no_grad()
     def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        prefixes = [self._match(c) for c in contexts]
+        kept: dict[tuple[int, ...], _Kept] = {}
         out: list[Generation] = []
-        for i in range(0, len(contexts), self.max_batch_size):
-            out += self._generate_batch(contexts[i : i + self.max_batch_size], params)
-        return out
-
-    def _generate_batch(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        L = max(len(c) for c in contexts)
-        input_ids = torch.full((len(contexts), L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(input_ids)
-        for i, c in enumerate(contexts):
-            input_ids[i, L - len(c) :] = torch.tensor(c)
-            attn[i, L - len(c) :] = 1
-        greedy = params.temperature <= 0
         was_training = self.model.training
         self.model.eval()
+        try:
+            for i in range(0, len(contexts), self.max_batch_size):
+                sl = slice(i, i + self.max_batch_size)
+                out += self._generate_batch(contexts[sl], prefixes[sl], params, kept)
+        finally:
+            self.model.train(was_training)
+        self._kept = kept if self.reuse_kv else {}
+        return out
+
+    def _match(self, ctx: list[int]) -> _Kept | None:
+        """The longest kept sequence that ``ctx`` starts with (and extends by at least a token)."""
+        best = None
+        for k in self._kept.values():
+            if len(k.ids) < len(ctx) and (best is None or len(k.ids) > len(best.ids)) and ctx[: len(k.ids)] == k.ids:
+                best = k
+        return best
+
+    def _generate_batch(self, contexts, prefixes, params: SamplingParams, kept: dict) -> list[Generation]:
         device = next(self.model.parameters()).device
-        res = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attn.to(device),
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        self.model.train(was_training)
-        new = res.sequences[:, L:]
-        # scores are the processed logits the sampler drew from: [steps][B, V]
-        logps = torch.stack([F.log_softmax(s.float(), dim=-1) for s in res.scores], dim=1)
-        token_logps = logps.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # identical (prefix, new tokens) rows are computed once (a group's shared prompt)
+        rows: dict[tuple, int] = {}
+        index = [rows.setdefault((id(p), tuple(c)), len(rows)) for c, p in zip(contexts, prefixes)]
+        uniq = {r: (contexts[i], prefixes[i]) for i, r in reversed(list(enumerate(index)))}
+        u_ctx = [uniq[r][0] for r in range(len(rows))]
+        u_pre = [uniq[r][1] for r in range(len(rows))]
+        n_new = [len(c) - (len(p.ids) if p else 0) for c, p in zip(u_ctx, u_pre)]
+        self._counts["context_tokens"] += sum(len(c) for c in contexts)
+        self._counts["prefill_tokens"] += sum(n_new)
+
+        T, N = max(len(c) for c in u_ctx), max(n_new)
+        P = T - N  # cached columns; the last N columns are fed as input
+        B = len(u_ctx)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for r, c in enumerate(u_ctx):
+            ids[r, T - len(c):] = torch.tensor(c)
+            mask[r, T - len(c):] = 1
+        cache = self._cache(u_ctx, u_pre, P, T, device) if P > 0 else DynamicCache()
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        with autocast(self.precision, device):
+            logits = self.model(input_ids=ids[:, P:].to(device), attention_mask=mask.to(device),
+                                position_ids=pos[:, P:].to(device), past_key_values=cache, use_cache=True,
+                                logits_to_keep=1).logits[:, -1]
+            # expand the unique rows back to every context before sampling
+            sel = torch.tensor(index, device=device)
+            logits, mask, pos = logits[sel], mask[sel].to(device), pos[sel, -1:].to(device)
+            if len(rows) < len(contexts):
+                cache.reorder_cache(sel)
+            new_ids, new_lp, done = [], [], torch.zeros(len(contexts), dtype=torch.bool, device=device)
+            for step in range(params.max_new_tokens):
+                tok, lp = sample(logits, params)
+                tok = tok.masked_fill(done, self.pad_id)
+                new_ids.append(tok)
+                new_lp.append(lp)
+                done |= tok == self.eos_id
+                if bool(done.all()) or step == params.max_new_tokens - 1:
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+                pos = pos + 1
+                logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
+                                    past_key_values=cache, use_cache=True).logits[:, -1]
+        gen_ids = torch.stack(new_ids, 1).tolist()
+        gen_lp = torch.stack(new_lp, 1).float().tolist()
         gens = []
-        for i in range(len(contexts)):
-            ids = new[i].tolist()
-            finished = self.eos_id in ids
-            n = ids.index(self.eos_id) + 1 if finished else len(ids)
-            gens.append(Generation(ids[:n], token_logps[i, :n].tolist(), finished))
+        for i, (c, g, lp) in enumerate(zip(contexts, gen_ids, gen_lp)):
+            n = g.index(self.eos_id) + 1 if self.eos_id in g else len(g)
+            gens.append(Generation(g[:n], lp[:n], self.eos_id in g[:n]))
+            if self.reuse_kv:  # the cache holds the context and every generated id but the last
+                seq = c + g[: n - 1]
+                start = mask.shape[1] - len(gen_ids[0]) + 1 - len(c)  # (the last sampled id never ran)
+                kv = [(layer.keys[i, :, start:start + len(seq)].clone(), layer.values[i, :, start:start + len(seq)].clone())
+                      for layer in cache.layers]
+                kept[tuple(seq)] = _Kept(seq, kv)
         return gens
+
+    def _cache(self, contexts, prefixes, P: int, T: int, device) -> DynamicCache:
+        """A cache of P columns: each row's first ``len(ctx) - N`` tokens (from its kept prefix),
+        right-aligned, zeros where the row is padded."""
+        first = next(p for p in prefixes if p is not None)
+        cache = DynamicCache()
+        for layer, (k0, v0) in enumerate(first.kv):
+            H, D = k0.shape[0], k0.shape[2]
+            keys = torch.zeros((len(contexts), H, P, D), dtype=k0.dtype, device=device)
+            values = torch.zeros_like(keys)
+            for r, (c, p) in enumerate(zip(contexts, prefixes)):
+                n = len(c) - (T - P)  # this row's cached columns
+                if n > 0:
+                    keys[r, :, P - n:] = p.kv[layer][0][:, :n]
+                    values[r, :, P - n:] = p.kv[layer][1][:, :n]
+            cache.update(keys, values, layer)
+        return cache

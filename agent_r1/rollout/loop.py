@@ -28,6 +28,7 @@ def run_episodes(
     n_active)`` reports progress.
     """
     tok = context.tokenizer
+    engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
     ctxs = [context.start(env.reset(task)) for env, task in zip(envs, tasks)]
     trajs = [
