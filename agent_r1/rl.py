@@ -65,8 +65,10 @@ def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> di
     batch.update(advantages=adv, returns=ret)
     if values is not None:
         batch["old_values"] = values
-    # old log-probs only where the update will need them (rows that can carry a gradient)
-    batch["old_logprobs"] = learner.logprobs(batch, rows=learner.policy_rows(batch))
+    # old log-probs only where the update will need them (rows that can carry a gradient), and
+    # not at all when the update is a single step: then they are the update's own, detached
+    if not learner.single_step:
+        batch["old_logprobs"] = learner.logprobs(batch, rows=learner.policy_rows(batch))
     if learner.reference is not None and learner.cfg.kl_coef > 0:
         batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
     return batch

@@ -220,7 +220,7 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
         assert key in batch
     assert batch["old_values"].eq(0).all()  # zero-initialised head
     # the reference is the same network as the starting policy
-    torch.testing.assert_close(batch["ref_logprobs"], batch["old_logprobs"])
+    torch.testing.assert_close(batch["ref_logprobs"], learner.logprobs(batch))
     off = batch["adv_mask"] == 0
     assert batch["advantages"][off].eq(0).all() and batch["returns"][off].eq(0).all()
     stats = learner.update(batch)
@@ -298,3 +298,22 @@ def test_length_grouped_batches_cover_an_epoch_once_with_little_padding():
     assert maxes != sorted(maxes) and maxes != sorted(maxes, reverse=True)
     # fewer rows than one batch: one short batch, as random batching gave
     assert sorted(length_grouped_batches(lengths[:3], 8, torch.Generator().manual_seed(1))[0]) == [0, 1, 2]
+
+
+def test_a_single_step_update_needs_no_old_logprob_pass(tok, make_model):
+    """One epoch, one mini-batch: annotate computes no old log-probs, and the step equals the one
+    with old log-probs recomputed by a separate forward pass (the ratio is 1 either way)."""
+    trajs = make_trajs(seed=6, n=8)
+    cfg = RLConfig(algorithm="grpo", group_size=2)
+    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2))
+    assert learner.single_step and not Learner(make_model(seed=11), LearnerConfig(mini_batches=2)).single_step
+    batch = annotate(learner, trajs, cfg, tok.pad_token_id)
+    assert "old_logprobs" not in batch
+    learner.update(batch)
+    reference = Learner(make_model(seed=11), LearnerConfig(lr=1e-2))
+    with_old = dict(batch, old_logprobs=reference.logprobs(batch))
+    reference.update(with_old)
+    changed = [k for k, v in state(learner.model).items() if not torch.equal(v, state(make_model(seed=11))[k])]
+    assert changed
+    for k, v in state(reference.model).items():
+        torch.testing.assert_close(state(learner.model)[k], v, rtol=1e-4, atol=1e-5)

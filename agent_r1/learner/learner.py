@@ -234,6 +234,13 @@ class Learner:
         engine.step()
         return {k: v / w_sum for k, v in sums.items()}
 
+    @property
+    def single_step(self) -> bool:
+        """One optimizer step per update (one epoch, one mini-batch): the policy that computes
+        the loss is the one that sampled, so the old log-probs are the loss's own (detached) and
+        need no forward pass of their own (the ratio is exactly 1 and the gradient that of A·log p)."""
+        return self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
+
     def policy_rows(self, batch: dict) -> torch.Tensor:
         """Rows of ``batch`` whose policy loss can have a gradient.
 
@@ -261,7 +268,8 @@ class Learner:
     def update(self, batch: dict, generator: torch.Generator | None = None) -> dict:
         """PPO-style policy (and critic) epochs over ``batch``.
 
-        ``batch`` holds the collated tensors plus ``advantages``, ``old_logprobs`` and, when a
+        ``batch`` holds the collated tensors plus ``advantages``, ``old_logprobs`` (optional when
+        :attr:`single_step`) and, when a
         reference/critic is used, ``ref_logprobs`` / ``returns`` / ``old_values``.
         """
         cfg = self.cfg
@@ -273,7 +281,8 @@ class Learner:
             )
             mask = mb["loss_mask"]
             loss, metrics = self.policy_loss(
-                logp, mb["old_logprobs"], mb["advantages"], mask, **self._loss_kwargs()
+                logp, mb["old_logprobs"] if "old_logprobs" in mb else logp.detach(), mb["advantages"], mask,
+                **self._loss_kwargs()
             )
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in metrics.items()}
