@@ -15,9 +15,10 @@ $(BIN)/.installed: pyproject.toml constraints-cpu.txt Makefile
 
 install: $(BIN)/.installed
 
-# The default pipeline as a Prefect flow (embedded server), tracked in MLflow, agent registered.
+# The default pipeline as a Prefect flow (embedded server) with the SFT-only control, tracked in
+# MLflow, agent registered.
 run: install
-	$(BIN)/python -m flows.training $(ARGS)
+	$(BIN)/python -m flows.training --control $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -20,10 +20,10 @@ the token counts of both modes are then equal and exactly N x max_new_tokens. ``
 lets eos end a sequence early (counted tokens stop at eos, inclusive).
 
 Extra rows: ``B'`` runs HFEngine with max_batch_size=1 (the engine's own per-episode cost, with
-its scores/log-probs); ``sorted by length`` feeds HFEngine the same N contexts sorted by length so
-each batch is left-padded less (``--no-sorted`` skips); ``--static-cache`` adds rows with
-``generation_config.cache_implementation = "static"`` (a preallocated KV cache instead of a
-``torch.cat`` per layer per token).
+its log-probs); ``sorted by length`` feeds HFEngine the same N contexts sorted by length so
+each batch is left-padded less (``--no-sorted`` skips). (HFEngine runs its own sampling loop, not
+``model.generate``: its length is forced by giving it an end-of-turn id no token has.) KV reuse
+across turns is measured by ``bench/kv_reuse.py``.
 
 eps/s = episodes (one generated turn each) per second of wall time; tok/s = generated tokens per
 second (prompt tokens are not counted). ``ratio`` = eps/s of the row / eps/s of mode B, computed
@@ -88,8 +88,6 @@ def parse_args(argv=None):
                    help="skip the rows that feed HFEngine the contexts sorted by length (less left padding)")
     p.add_argument("--no-engine-bs1", dest="engine_bs1", action="store_false",
                    help="skip the row that runs HFEngine with max_batch_size=1 on the serial subset")
-    p.add_argument("--static-cache", action="store_true",
-                   help="also time HFEngine with generation_config.cache_implementation='static' (no KV torch.cat per step)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
@@ -185,15 +183,13 @@ def main(argv=None) -> None:
         print(msg, flush=True)
 
     # (label, batch size shown, episodes, fn -> generated tokens)
-    def engine_run(bs, ctxs, cache=None):
-        eng = HFEngine(model, tok, max_batch_size=bs)
+    def engine_run(bs, ctxs):
+        eng = HFEngine(model, tok, max_batch_size=bs, reuse_kv=False)
+        if not args.no_force_length:
+            eng.eos_id = -1  # no token ends a turn: every row runs max_new_tokens, as mode B's min_new_tokens
 
         def run():
-            model.generation_config.cache_implementation = cache
-            try:
-                return sum(len(g.ids) for g in eng.generate(ctxs, params))
-            finally:
-                model.generation_config.cache_implementation = None
+            return sum(len(g.ids) for g in eng.generate(ctxs, params))
 
         return run
 
@@ -205,8 +201,6 @@ def main(argv=None) -> None:
         modes.append(("A: HFEngine batched", str(bs), len(contexts), engine_run(bs, contexts)))
         if args.sorted:
             modes.append(("A: HFEngine batched, sorted by length", str(bs), len(contexts), engine_run(bs, sorted_ctx)))
-        if args.static_cache:
-            modes.append(("A: HFEngine batched, static KV cache", str(bs), len(contexts), engine_run(bs, contexts, "static")))
 
     # warm-up (first-call allocations, lazy imports)
     HFEngine(model, tok, max_batch_size=4).generate(contexts[:4], params)

@@ -82,6 +82,8 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     results = run_all(cfg)["eval"]
     written = json.loads((tmp_path / "metrics" / "eval.json").read_text())
     assert written == json.loads(json.dumps(results))
+    card = json.loads((tmp_path / "metrics" / "model.json").read_text())  # what was trained, beside it
+    assert card["name_or_path"].startswith("tiny") and card["parameters"] > 10_000
     assert not (tmp_path / "state" / "rl").exists()  # resume state is dropped once a stage is done
     assert set(written) == {"test", "test_1hop", "test_2hop", "test_3hop"}
     for split in written.values():

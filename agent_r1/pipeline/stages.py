@@ -379,7 +379,17 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
     _write_json(path, results)
     stage_log.artifact(path)
+    _write_json(path.with_name("model.json"), model_card(cfg, model))
     return results
+
+
+def model_card(cfg: RunConfig, model: torch.nn.Module) -> dict:
+    """What was trained (``metrics/model.json``, beside eval.json)."""
+    from agent_r1.models import count_parameters
+
+    return {"name_or_path": cfg.model.name_or_path or "tiny (built from model.tiny, trained from scratch)",
+            "architecture": type(model).__name__, "parameters": count_parameters(model),
+            "precision": cfg.model.precision}
 
 
 def promotion(new_score: float, champion_score: float | None) -> tuple[bool, str]:

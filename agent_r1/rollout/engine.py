@@ -7,6 +7,7 @@ trains on exactly those ids (token in, token out).
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -15,6 +16,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agent_r1.models import autocast
+
+# transformers 5.24 renames the forward's ``past_key_values`` to ``cache``; older 5.x (5.17 on
+# the GPU machine) knows only the first, so it is kept, without a warning per call
+warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
 
 
 @dataclass
