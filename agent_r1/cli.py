@@ -61,7 +61,7 @@ def _tracker(track: bool):
 
 
 PIPELINE = typer.Option("default", "--pipeline", "-p", help="named pipeline in the config file")
-CONFIG = typer.Option(Path("pipelines.yaml"), "--config", help="pipelines file")
+CONFIG = typer.Option(None, "--config", help="pipelines file (default: ./pipelines.yaml, else built-in defaults)")
 SET = typer.Option([], "--set", "-s", help="override a key, e.g. -s rl.iterations=10")
 TRACK = typer.Option(True, "--track/--no-track", help="log to MLflow (MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)")
 
