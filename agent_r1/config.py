@@ -192,16 +192,19 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
 
 
 def _hop_problems(cfg: RunConfig) -> list[str]:
-    """Hop counts with no questions in the data source (they would fail, or select nothing, late)."""
+    """Hop counts with no questions in the data source (they would fail, or select nothing, late).
+    HotpotQA questions all have two hops: there a list fails only if it selects none."""
     if cfg.data.source == "synthetic":
         from agent_r1.data.synthetic import QTYPES
 
         available = sorted({hops for hops, _, _ in QTYPES.values()})
         lists = {"sft.hops": cfg.sft.hops, "rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
-    else:  # HotpotQA questions are all two-hop; SFT may take hotpotqa demonstrations by qtype
+        bad = {key: sorted(set(hops) - set(available)) for key, hops in lists.items()}
+    else:
         available, lists = [2], {"rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
-    out = [f"{key}: no {cfg.data.source} questions with {sorted(set(hops) - set(available))} hops; available: {available}"
-           for key, hops in lists.items() if set(hops) - set(available)]
+        bad = {key: sorted(hops) for key, hops in lists.items() if hops and 2 not in hops}
+    out = [f"{key}: no {cfg.data.source} questions with {hops} hops; available: {available}"
+           for key, hops in bad.items() if hops]
     if not cfg.eval.hops:
         out.append("eval.hops: must name at least one hop count")
     return out

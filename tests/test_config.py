@@ -102,3 +102,10 @@ def test_one_problem_is_one_line_and_several_are_listed():
 def test_an_override_that_is_not_yaml_is_named():
     with pytest.raises(ConfigError, match=r"override 'rl.iterations=\[': .*invalid YAML"):
         parse_overrides(["rl.iterations=["])
+
+
+def test_hotpotqa_hop_lists_must_select_its_two_hop_questions():
+    hotpot = ["data.source=hotpotqa", "data.path=x", "sft.worlds=0"]
+    assert load_config("default", "pipelines.yaml", parse_overrides(hotpot)).eval.hops == [1, 2, 3]  # 2 is there
+    with pytest.raises(ConfigError, match=r"eval.hops: no hotpotqa questions with \[1, 3\] hops; available: \[2\]"):
+        load_config("default", "pipelines.yaml", parse_overrides(hotpot + ["eval.hops=[1,3]"]))
