@@ -17,11 +17,12 @@ console = Console()
 
 
 def _expected_errors() -> tuple[type[Exception], ...]:
-    """What a user's input causes: a bad config, bad data, a missing file."""
+    """What a user's input causes: a bad config, bad data or checkpoint, a missing file."""
+    from agent_r1.checkpoints import CheckpointError
     from agent_r1.config import ConfigError
     from agent_r1.data import DataError
 
-    return ConfigError, DataError, FileNotFoundError
+    return ConfigError, DataError, CheckpointError, FileNotFoundError
 
 
 def _error(message: str) -> None:

@@ -14,6 +14,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
+from agent_r1.checkpoints import validate_checkpoint
+
 # Chat markers. The tags are added tokens so that a tool call or an answer costs one token to
 # open and one to close, which matters for a tiny model's short context.
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -112,6 +114,7 @@ def default_device() -> torch.device:
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
     """Load a causal LM and its tokenizer from a folder or hub id (checkpoints are such folders),
     on ``device`` (default: :func:`default_device`)."""
+    validate_checkpoint(path)  # a local folder: config, weights and tokenizer present and consistent
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -316,10 +316,13 @@ class Learner:
         return path
 
     def load_state(self, path: str | Path) -> dict:
-        """Restore what :meth:`save_state` wrote; returns its ``client_state``."""
-        _, client = self.engine.load_checkpoint(str(path), tag="policy")
+        """Restore what :meth:`save_state` wrote; returns its ``client_state``. Every file is
+        read with ``torch.load(weights_only=True)`` (see :mod:`agent_r1.checkpoints`)."""
+        from agent_r1.checkpoints import load_deepspeed_state
+
+        client = load_deepspeed_state(self.engine, path, "policy")
         if self.critic is not None:
-            self.critic.load_checkpoint(str(path), tag="critic")
+            load_deepspeed_state(self.critic, path, "critic")
         return client
 
 
