@@ -302,10 +302,13 @@ class Learner:
         """Everything a resume needs (weights, optimizer moments, ``client_state``), atomically.
 
         DeepSpeed's own checkpoint (any ZeRO stage) goes to a temp folder renamed over ``path``,
-        so a process killed mid-write leaves the previous state intact.
+        so a process killed mid-write leaves the previous state intact; the temp folders such a
+        kill left are removed here.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         self.engine.save_checkpoint(str(tmp), tag="policy", client_state=client_state, save_latest=False)
         if self.critic is not None:
