@@ -15,10 +15,11 @@ the tool's timeout, coerces its output to text and truncates it, and turns every
 `ToolResult` with an `error` (DESIGN.md, contract 3): it never raises.
 
 A tool runs in a forked worker process that is killed when its time is up, so the timeout holds
-whatever the tool does (even C code that never releases the GIL). A tool declared
-``thread_safe=True`` runs in a thread of this process instead, which costs microseconds instead
-of milliseconds: declare it only for a fast tool that releases the GIL, because a thread cannot
-be stopped (one that hangs is abandoned and keeps running in the background).
+whatever the tool does (even C code that never releases the GIL); the fork costs a few
+milliseconds, and what the tool changes in its worker's memory is lost with the worker. A tool
+declared ``thread_safe=True`` runs in a thread of this process instead: microseconds, and state
+it keeps between calls stays. Declare it for a fast tool that releases the GIL, because a thread
+cannot be stopped (one that hangs is abandoned and keeps running in the background).
 """
 
 from __future__ import annotations
