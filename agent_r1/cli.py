@@ -11,9 +11,46 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train tool-using LLM agents with end-to-end RL.")
 console = Console()
+
+
+def _expected_errors() -> tuple[type[Exception], ...]:
+    """What a user's input causes: a bad config, bad data or checkpoint, a missing file."""
+    from agent_r1.checkpoints import CheckpointError
+    from agent_r1.config import ConfigError
+    from agent_r1.data import DataError
+
+    return ConfigError, DataError, CheckpointError, FileNotFoundError
+
+
+def _error(message: str) -> None:
+    console.print(message, style="red", markup=False, highlight=False, soft_wrap=True)
+
+
+class _Commands(TyperGroup):
+    """Runs a command; an expected error is printed in red without a traceback (exit code 1),
+    unless ``--debug`` asks for the traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            if ctx.params.get("debug") or not isinstance(e, _expected_errors()):
+                raise
+            _error(f"error: {e}")
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True,
+                  help="Train tool-using LLM agents with end-to-end RL.")
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", envvar="AGENT_R1_DEBUG",
+                                    help="show the traceback of an expected error (bad config, data, missing file)")):
+    """Train tool-using LLM agents with end-to-end RL."""
 
 
 def _quiet_libraries() -> None:
@@ -35,7 +72,7 @@ def _config(pipeline: str, config_file: Path, overrides: list[str]):
     try:
         return load_config(pipeline, config_file, parse_overrides(overrides))
     except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
+        _error(str(e))
         raise typer.Exit(2) from None
 
 
@@ -61,7 +98,7 @@ def _tracker(track: bool):
 
 
 PIPELINE = typer.Option("default", "--pipeline", "-p", help="named pipeline in the config file")
-CONFIG = typer.Option(Path("pipelines.yaml"), "--config", help="pipelines file")
+CONFIG = typer.Option(None, "--config", help="pipelines file (default: ./pipelines.yaml, else built-in defaults)")
 SET = typer.Option([], "--set", "-s", help="override a key, e.g. -s rl.iterations=10")
 TRACK = typer.Option(True, "--track/--no-track", help="log to MLflow (MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)")
 
@@ -172,7 +209,7 @@ def evaluate(
         results = stages.evaluate(cfg, slog, Progress(), _sources(sources), tracker, merge=sources is not None)
         status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
+        _error(str(e))
         raise typer.Exit(1) from None
     finally:
         if run_id is not None:
@@ -260,7 +297,7 @@ def table(
     cfg = _config(pipeline, config_file, overrides)
     path = cfg.out / "metrics" / "eval.json"
     if not path.exists():
-        console.print(f"[red]{path} not found: run the pipeline (or `agent-r1 evaluate`) first[/red]")
+        _error(f"{path} not found: run the pipeline (or `agent-r1 evaluate`) first")
         raise typer.Exit(1)
     sys.stdout.write(comparison_markdown(json.loads(path.read_text()), in_domain, out_domain))
 

@@ -24,6 +24,7 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
         "answered": sum(bool(t.metrics.get("answer")) for t in trajs) / n,
         "tokens": sum(t.num_action_tokens for t in trajs) / n,
         "search_recall": sum(t.metrics.get("gold_recall", 0.0) for t in trajs) / n,
+        "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs),  # scored as wrong
     }
     out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
     # EM per question type: which compositions an agent answers (a hop count mixes several)

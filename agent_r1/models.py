@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
 from agent_r1.atomic import replace_dir
+from agent_r1.checkpoints import validate_checkpoint
 
 # Chat markers. The tags are added tokens so that a tool call or an answer costs one token to
 # open and one to close, which matters for a tiny model's short context.
@@ -146,6 +147,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     """Load a causal LM and its tokenizer from a folder, a hub id or a packaged model's name
     (checkpoints are such folders), on ``device`` (default: :func:`default_device`)."""
     path = resolve_model(path)
+    validate_checkpoint(path)  # a local folder: config, weights and tokenizer present and consistent
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

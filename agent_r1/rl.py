@@ -48,7 +48,13 @@ def rollout(engine: RolloutEngine, make_env, tasks: list[dict], context: Context
 
 
 def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> dict:
-    """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages."""
+    """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages.
+
+    Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
+    and are left out; if that leaves none, the environment is broken and this raises."""
+    trajs = [t for t in trajs if t.metrics.get("stop_reason") != "env_error"]
+    if not trajs:
+        raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
     batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
     values = learner.values(batch) if learner.critic is not None else None
     adv, ret = get_advantage(cfg.algorithm)(
@@ -92,6 +98,7 @@ def rollout_stats(trajs: list[Trajectory]) -> dict:
         "tool_calls": statistics.fmean(t.metrics.get("tool_calls", 0) for t in trajs),
         "format_errors": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
         "turns": turns / len(trajs),
+        "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs) / len(trajs),
     }
 
 

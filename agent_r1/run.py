@@ -35,7 +35,7 @@ def prepare_data(cfg: RunConfig) -> Path:
 
     ``data.source: hotpotqa`` reads ``data.path``: a folder with ``train.jsonl`` and
     ``dev.jsonl`` (the dev questions become the test split) or one file (test split only, no
-    training questions). The corpus is every context paragraph of the loaded questions.
+    training questions: no train.parquet, for evaluation alone). The corpus is every context paragraph of the loaded questions.
     """
     out = cfg.out / "data"
     if cfg.data.source == "synthetic":
@@ -52,8 +52,6 @@ def prepare_data(cfg: RunConfig) -> Path:
     for split, f in files.items():
         questions[split], corpus = load_hotpotqa(f, split=split)
         corpora.append(corpus)
-    if "train" not in questions:
-        questions["train"] = questions["test"].iloc[:0].assign(split="train")
     corpus = pd.concat(corpora).drop_duplicates("title").reset_index(drop=True)
     corpus["doc_id"] = [f"hotpotqa-{i:06d}" for i in range(len(corpus))]
     out.mkdir(parents=True, exist_ok=True)

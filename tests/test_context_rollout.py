@@ -211,6 +211,41 @@ def test_run_episodes_ends_an_episode_that_would_overflow_the_context(tok, make_
     assert traj.metrics["stop_reason"] == "token_budget"
 
 
+class FailingEnv(TurnsEnv):
+    """TurnsEnv whose task can make ``reset`` or its n-th ``step`` raise (a broken env or task)."""
+
+    def reset(self, task):
+        if task.get("fail_reset"):
+            raise KeyError("question")
+        return super().reset(task)
+
+    def step(self, action_text, context_tokens=None):
+        if self.metrics["turns"] + 1 == self.task.get("fail_step"):
+            raise ValueError("final reward: golds must hold at least one gold answer")
+        return super().step(action_text, context_tokens)
+
+
+def test_an_episode_whose_env_fails_is_ended_and_marked_and_the_batch_goes_on(tok, make_model, frozen_learner):
+    from agent_r1.rl import rollout_stats
+
+    engine = RecordingEngine(make_model(seed=4), tok)
+    tasks = [{"id": "ok", "prompt": "go", "turns": 3}, {"id": "step", "prompt": "go", "turns": 3, "fail_step": 2},
+             {"id": "reset", "prompt": "go", "turns": 3, "fail_reset": True}]
+    trajs = run_episodes(engine, FailingEnv, tasks, ContextManager(tok), SamplingParams(max_new_tokens=4))
+    ok, step, reset = trajs
+    assert engine.batch_sizes == [2, 2, 1] and [len(t.steps) for t in trajs] == [3, 1, 0]
+    assert ok.metrics["stop_reason"] == "max_turns"
+    for t in (step, reset):
+        assert t.metrics["stop_reason"] == "env_error" and t.final_reward == 0.0
+    assert step.metrics["env_error"] == "ValueError: final reward: golds must hold at least one gold answer"
+    assert reset.metrics["env_error"] == "KeyError: 'question'"
+    assert rollout_stats(trajs)["env_errors"] == 2 / 3
+    batch = annotate(frozen_learner, trajs, RLConfig(), tok.pad_token_id)  # env errors are not trained on
+    assert len(batch["input_ids"]) == 1
+    with pytest.raises(RuntimeError, match="every episode of the batch ended with an environment error"):
+        annotate(frozen_learner, [step, reset], RLConfig(), tok.pad_token_id)
+
+
 # ------------------------------------------------------------------------------- token in, token out
 
 SEARCH_CALL = '{"name": "search", "arguments": {"query": "Mona Lisa"}}'

@@ -251,3 +251,77 @@ def test_single_word_names_are_one_token_each_and_still_held_out():
     assert split_titles["train"] and not split_titles["train"] & split_titles["test"]
     with pytest.raises(ValueError, match="name_words"):
         WorldConfig(name_words=3)
+
+
+# --------------------------------------------------------------------------- hostile data
+def _hotpot(qid="a1"):
+    return {"id": qid, "question": "Which river?", "answer": "Danube", "type": "bridge", "level": "easy",
+            "supporting_facts": {"title": ["Danube"], "sent_id": [0]},
+            "context": {"title": ["Danube"], "sentences": [["A river."]]}}
+
+
+def _jsonl(*lines) -> bytes:
+    return b"".join((json.dumps(x).encode() if isinstance(x, dict) else x) + b"\n" for x in lines)
+
+
+@pytest.mark.parametrize("content, message", [
+    (_jsonl(_hotpot(), b'{"id": "caf\xe9"}'), "bad.jsonl: line 2: not UTF-8 text (byte 0xe9)"),
+    (_jsonl(_hotpot(), b"[" * 100_000 + b"]" * 100_000), "bad.jsonl: line 2: invalid JSON: nested too deeply"),
+    (_jsonl(b'{"id": ' + b"7" * 5000 + b"}"), "bad.jsonl: line 1: invalid JSON: Exceeds the limit (4300 digits)"),
+    (b"", "bad.jsonl: no questions in the file"),
+    (b"\n\n", "bad.jsonl: no questions in the file"),
+    (b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]", "bad.jsonl: invalid JSON: nested too deeply"),
+    (b'[{"_id": "\xff"}]', "bad.jsonl: line 1: not UTF-8 text (byte 0xff)"),
+])
+def test_hostile_hotpotqa_files_name_file_and_line(tmp_path, content, message):
+    from agent_r1.data import DataError
+
+    f = tmp_path / "bad.jsonl"
+    f.write_bytes(content)
+    with pytest.raises(DataError) as err:
+        load_hotpotqa(f)
+    assert str(err.value) == f"{tmp_path}/{message}" or str(err.value).startswith(f"{tmp_path}/{message}")
+
+
+def _write_split(folder, split, ids):
+    from agent_r1.data.synthetic import _QUESTION_SCHEMA
+
+    rows = [dict(_good_row(i), id=qid, split=split) for i, qid in enumerate(ids)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=_QUESTION_SCHEMA), folder / f"{split}.parquet")
+
+
+def test_an_empty_split_ids_shared_between_splits_and_a_missing_file_are_errors(tmp_path):
+    from agent_r1.data import DataError
+
+    with pytest.raises(FileNotFoundError, match=r"train.parquet not found: run the prepare stage first"):
+        load_split(tmp_path, "train")
+    _write_split(tmp_path, "train", [])
+    with pytest.raises(DataError, match=r"train.parquet: the 'train' split has no questions"):
+        load_split(tmp_path, "train")
+    _write_split(tmp_path, "train", ["q1", "q2", "q3"])
+    _write_split(tmp_path, "test", ["q9", "q2"])
+    for split, other in (("train", "test"), ("test", "train")):
+        with pytest.raises(DataError, match=rf"{split}.parquet: 1 question id\(s\) also in .*{other}.parquet, e.g. 'q2'"):
+            load_split(tmp_path, split)
+    (tmp_path / "corpus.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="corpus.parquet: not a readable parquet file"):
+        load_corpus(tmp_path)
+
+
+def test_prepare_rejects_a_question_in_both_hotpotqa_splits(tmp_path):
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.data import DataError
+    from agent_r1.pipeline import stages
+
+    src = tmp_path / "hotpot"
+    src.mkdir()
+    (src / "train.jsonl").write_bytes(_jsonl(_hotpot("a1"), _hotpot("a2")))
+    (src / "dev.jsonl").write_bytes(_jsonl(_hotpot("a2")))
+    cfg = load_config("default", "pipelines.yaml", parse_overrides(
+        [f"output_dir={tmp_path / 'out'}", "data.source=hotpotqa", f"data.path={src}", "sft.worlds=0", "sft.hops=[2]",
+         "eval.hops=[2]"]))
+    with pytest.raises(DataError, match=r"1 question id\(s\) also in .*, e.g. 'a2'"):
+        stages.prepare(cfg)
+    (src / "dev.jsonl").write_bytes(b"")
+    with pytest.raises(DataError, match=r"dev.jsonl: no questions in the file"):
+        stages.prepare(cfg)

@@ -198,3 +198,162 @@ def test_reset_builds_the_prompt(search):
     assert ToolEnv([search]).reset({"prompt": "Hi"}) == [{"role": "user", "content": "Hi"}]
     assert ToolEnv([search]).tool_schemas == [search.schema]
     assert ENVS["multihop_qa"] is MultiHopQAEnv
+
+
+# ------------------------------------------------------------------------------ hostile turns
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message for you")
+
+
+@tool(name="search", timeout_s=2.0, max_output_chars=100, thread_safe=True)
+def hostile_search(query: str) -> ToolOutput:
+    """A search tool that misbehaves on request: the query's prefix says how.
+
+    Args:
+        query: "<how>:<text>".
+    """
+    how = query.split(":", 1)[0]
+    if how == "raise":
+        raise ValueError(query)
+    if how == "unprintable":
+        raise Unprintable()
+    if how == "bytes":
+        return query.encode("utf-8", "surrogatepass") + b"\xff\xfe"
+    if how == "number":
+        return 42
+    if how == "badinfo":
+        return ToolOutput("x", [1, 2])  # info must be a dict
+    if how == "badtitles":
+        return ToolOutput("x", {"titles": [[1]]})  # the retrieval reward cannot hash a list
+    if how == "huge":
+        return "y" * 100_000
+    return ToolOutput(query, {"titles": [query[-8:]]})  # echoes the query, lone surrogates included
+
+
+RUNS = ("ok", "bytes", "number", "huge", "badtitles")  # calls that run without a tool error
+FAILS = ("raise", "unprintable", "badinfo")  # calls that run and fail
+BAD_CALLS = ("unknown", "wrong_args", "wrong_type")  # calls the env refuses (format error)
+BAD_JSON = ("deep", "deep_in_string_ok", "huge_int", "broken", "not_object")  # the whole turn is refused
+
+
+def _junk(rng, n):
+    alphabet = "ab <>{}[]\":,\\/\n\t\x00é漢😀\ufffd" + "\ud800"
+    return "".join(rng.choices(alphabet, k=n))
+
+
+def _call_text(rng, kind):
+    """One <tool_call> of `kind`; "deep_in_string_ok" is a valid call whose query holds brackets."""
+    query = f"{kind}:{_junk(rng, rng.randrange(12))}"
+    if kind == "unknown":
+        return call("x" * rng.choice([3, 300] * 50 + [300_000]), query=query)
+    if kind == "wrong_args":
+        return call("search", q=query)
+    if kind == "wrong_type":
+        return call("search", query=rng.choice([5, None, ["a"], {"a": 1}, 1e308 * 10]))
+    if kind == "deep":
+        depth = rng.choice([40, 1000] * 50 + [100_000])
+        return '<tool_call>{"name": "search", "arguments": {"query": ' + "[" * depth + "]" * depth + "}}</tool_call>"
+    if kind == "deep_in_string_ok":
+        return call("search", query="ok:" + "[{" * 600)
+    if kind == "huge_int":
+        return '<tool_call>{"name": "search", "arguments": {"query": ' + "9" * 5000 + "}}</tool_call>"
+    if kind == "broken":
+        return '<tool_call>{"name": "search", "arguments": {"query": </tool_call>'
+    if kind == "not_object":
+        return "<tool_call>[1, 2]</tool_call>"
+    return call("search", query=query)
+
+
+def _hostile_turn(rng):
+    """A random turn and what it must do: (text, format_error, calls run, tool errors, answers)."""
+    roll = rng.random()
+    if roll < 0.08:
+        return f"<answer>{_junk(rng, 5)}</answer>", False, 0, 0, True
+    if roll < 0.16:
+        text = _junk(rng, rng.choice([0, 10, 200_000 if rng.random() < 0.05 else 50]))
+        text = text.replace("<", "(")  # no tags at all: neither a call nor an answer
+        return text, True, 0, 0, False
+    if roll < 0.2:
+        return '<tool_call>{"name": "search"', True, 0, 0, False  # unclosed
+    kinds = [rng.choice(RUNS + FAILS + BAD_CALLS + BAD_JSON + RUNS) for _ in range(rng.choice([1, 1, 2, 3]))]
+    text = "".join(_call_text(rng, k) for k in kinds)
+    if any(k in BAD_JSON and k != "deep_in_string_ok" for k in kinds):
+        return text, True, 0, 0, False
+    considered = kinds[:2]  # max_tool_calls_per_turn
+    ran = [k for k in considered if k not in BAD_CALLS]
+    errors = sum(k in FAILS for k in ran) + ("badtitles" in ran)  # a failed step reward: one per turn
+    return text, len(kinds) > 2 or len(ran) < len(considered), len(ran), errors, False
+
+
+def test_seeded_fuzz_of_hostile_turns_never_escapes_step_and_is_counted_exactly():
+    import random
+
+    rng = random.Random(1234)
+    env = MultiHopQAEnv(hostile_search, max_turns=5, max_tool_calls_per_turn=2, retrieval_bonus=0.1)
+    env.reset(TASK)
+    expected = dict.fromkeys(("turns", "tool_calls", "format_errors", "tool_errors"), 0)
+    episodes = 0
+    start = time.perf_counter()
+    for _ in range(10_000):
+        text, format_error, ran, tool_errors, answers = _hostile_turn(rng)
+        res = env.step(text)  # must not raise
+        for key, n in zip(expected, (1, ran, format_error, tool_errors)):
+            expected[key] += n
+        for m in res.observation:
+            assert set(m) == {"role", "name", "content"} and m["role"] == "tool"
+            assert len(m["content"]) <= 600 and len(m["name"]) <= 100
+            m["content"].encode("utf-8"), m["name"].encode("utf-8")  # valid UTF-8: the tokenizer takes it
+        assert res.done == (answers or expected["turns"] == env.max_turns)
+        assert {k: env.metrics[k] for k in expected} == expected, text[:300]
+        assert env.metrics["timeouts"] == 0
+        if res.done:
+            episodes += 1
+            env.reset(TASK)
+            expected = dict.fromkeys(expected, 0)
+    assert episodes > 1000
+    assert time.perf_counter() - start < 30  # a few seconds on an idle machine
+
+
+def test_model_chosen_names_and_messages_are_capped_in_observations(search):
+    env = MultiHopQAEnv(search, max_turns=10)
+    env.reset(TASK)
+    res = env.step(call("x" * 300_000, query="a"))
+    (message,) = res.observation
+    assert res.info["format_error"] and len(message["name"]) < 100 and len(message["content"]) < 600
+    assert message["content"].startswith("Error: unknown tool 'xxx") and "[truncated" in message["content"]
+    res = env.step(call("search", **{"k" * 10_000: 1}))
+    assert len(res.observation[0]["content"]) < 600
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("[" * 1000 + "]" * 1000, "nested deeper than 32 levels"),
+    ('{"name": "search", "arguments": {"query": ' + "1" * 5000 + "}}", "integer string conversion"),
+])
+def test_pathological_json_is_a_format_error(search, body, problem):
+    env = MultiHopQAEnv(search)
+    env.reset(TASK)
+    res = env.step(f"<tool_call>{body}</tool_call>")
+    assert not res.done and res.info["format_error"] and problem in res.observation[0]["content"]
+
+
+def test_a_tool_result_that_cannot_be_scored_is_a_tool_error_and_the_episode_goes_on():
+    env = MultiHopQAEnv(hostile_search, retrieval_bonus=0.5)
+    env.reset(TASK)
+    res = env.step(call("search", query="badtitles:x"))
+    assert not res.done and res.reward == 0.0 and res.info["tool_errors"] == 1 and not res.info["format_error"]
+    assert res.observation[-1]["content"].startswith("Error: the tool results could not be scored: TypeError")
+    res = env.step(call("search", query="unprintable:x"))
+    assert res.observation[0]["content"] == "Error: tool 'search' raised Unprintable: (its message could not be read)"
+    assert env.metrics["tool_errors"] == 2 and env.metrics["tool_calls"] == 2
+
+
+def test_a_parser_that_raises_gives_a_format_error(search):
+    class Fragile:
+        def parse(self, text):
+            raise RecursionError("too deep")
+
+    env = ToolEnv([search], parser=Fragile())
+    env.reset({"prompt": "hi"})
+    res = env.step("anything")
+    assert res.info["format_error"] and "could not be parsed (RecursionError)" in res.observation[0]["content"]

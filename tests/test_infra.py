@@ -5,6 +5,7 @@
   over HTTP: the artifacts land in the server's destination folder, not on the client;
 - the DeepSpeed configs of infra/deepspeed/: their stages, their agreement with the keys the
   learner sets, DeepSpeed's own parser, and (slow) two ranks training under ``torchrun``;
+- a single-process learner's process group listens on the loopback interface only;
 - infra/local.sh (slow): both servers up on 127.0.0.1, healthy, and down again;
 - infra/docker-compose.yml: parses, binds only 127.0.0.1, and passes ``docker compose config``
   where Docker Compose is installed.
@@ -185,6 +186,24 @@ def test_deepspeed_configs_train_two_ranks_under_torchrun():
     for r in reports.values():
         assert r["ranks_agree"] and r["params_moved"].split("/")[0] != "0", r
     assert reports["zero_stage=3"]["zero_stage"] == 3 and not reports["zero_stage=3"]["bf16"]
+
+
+def test_a_single_process_learner_listens_on_loopback_only():
+    """learner.distributed starts a single process's rendezvous in memory and gloo on the
+    loopback interface: nothing it listens on is reachable from another machine."""
+    pytest.importorskip("psutil")
+    code = (
+        "import json, psutil\n"
+        "from agent_r1.learner.distributed import init_distributed\n"
+        "init_distributed()\n"
+        "print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN']))"
+    )
+    launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    listening = json.loads(out.stdout.strip().splitlines()[-1])
+    assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
 
 
 # ------------------------------------------------------------------------------ local.sh

@@ -255,3 +255,11 @@ def test_control_stops_at_its_time_budget(tmp_path):
     out = stages.control(cfg, seconds=1.0)
     assert time.perf_counter() - t0 < 30  # one step past the budget, not a whole pass
     assert (out / "model.safetensors").exists() and out == cfg.out / "checkpoints" / "sft_control"
+
+
+def test_a_single_hotpotqa_file_prepares_a_test_split_only(tmp_path):
+    cfg = load_config("default", "pipelines.yaml", parse_overrides(
+        [f"output_dir={tmp_path}", "data.source=hotpotqa", f"data.path={HOTPOTQA / 'dev.jsonl'}", "sft.worlds=0"]))
+    info = stages.prepare(cfg)
+    assert info["test_questions"] == 300 and "train_questions" not in info
+    assert not (tmp_path / "data" / "train.parquet").exists()

@@ -110,17 +110,83 @@ def test_run_tool_truncates_floods_with_a_marker():
     assert r.text == "x" * 50 + "… [truncated 1234 chars]"
 
 
-def test_run_tool_rejects_non_text_output():
-    def count(n: int) -> int:
+def test_run_tool_coerces_output_to_text():
+    def count(n: int, raw: bool = False) -> int:
         """Count.
 
         Args:
             n: A number.
+            raw: Return bytes.
         """
-        return n
+        return b"caf\xc3\xa9 \xff" if raw else n
 
-    r = run_tool(tool(count), {"n": 1})
-    assert r.error == "tool 'count' returned int, expected str or ToolOutput"
+    assert run_tool(tool(count), {"n": 1}).text == "1"
+    r = run_tool(tool(count), {"n": 1, "raw": True})
+    assert (r.text, r.error) == ("café \ufffd", None)  # decoded, not "b'caf\\xc3...'"
+
+
+@tool(timeout_s=1.0, max_output_chars=80)
+def misbehave(how: str) -> str:
+    """Misbehave.
+
+    Args:
+        how: What to do.
+    """
+    import os
+    import re
+
+    if how == "regex":  # catastrophic backtracking: C code that holds the GIL for minutes
+        return str(re.match(r"(a+)+$", "a" * 28 + "b"))
+    if how == "exit":
+        os._exit(3)
+    if how == "unprintable":
+        class Unprintable(Exception):
+            def __str__(self):
+                raise RuntimeError("no")
+
+        raise Unprintable()
+    if how == "unpicklable":
+        return ToolOutput("x", {"f": lambda: 1})
+    if how == "badinfo":
+        return ToolOutput("x", ["titles"])
+    if how == "surrogate":
+        return "a\ud800b"
+    return ToolOutput(b"\xff" * 200)
+
+
+def test_a_tool_that_holds_the_gil_is_killed_at_its_timeout():
+    start = time.perf_counter()
+    r = run_tool(misbehave, {"how": "regex"})
+    assert time.perf_counter() - start < 2 * misbehave.timeout_s
+    assert r.timed_out and r.error == "tool 'misbehave' timed out after 1 s"
+
+
+@pytest.mark.parametrize("how, error", [
+    ("exit", "tool 'misbehave' exited (code 3) without a result"),
+    ("unprintable", "tool 'misbehave' raised Unprintable: (its message could not be read)"),
+    ("unpicklable", "tool 'misbehave' returned a result that cannot be sent back: "),
+    ("badinfo", "tool 'misbehave' returned info of type list, expected a dict"),
+])
+def test_a_misbehaving_tool_gives_an_error_result(how, error):
+    r = run_tool(misbehave, {"how": how})
+    assert r.error.startswith(error) and r.text == f"Error: {r.error}" and not r.timed_out
+
+
+def test_tool_text_is_valid_utf8_and_capped():
+    assert run_tool(misbehave, {"how": "surrogate"}).text == "a?b"
+    r = run_tool(misbehave, {"how": "bytes"})
+    assert r.truncated and r.text == "\ufffd" * 80 + "… [truncated 120 chars]"
+
+
+def test_thread_safe_tools_run_in_this_process_and_others_in_a_worker():
+    import os
+
+    def pid() -> str:
+        """The process id."""
+        return str(os.getpid())
+
+    assert run_tool(tool(pid, thread_safe=True), {}).text == str(os.getpid())
+    assert run_tool(tool(pid), {}).text != str(os.getpid())
 
 
 CORPUS = pd.DataFrame(

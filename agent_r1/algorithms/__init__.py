@@ -14,6 +14,7 @@ from agent_r1.algorithms.advantages import (
 )
 from agent_r1.algorithms.losses import (
     AGG_MODES,
+    KL_KINDS,
     aggregate,
     entropy_from_logits,
     kl_penalty,
@@ -34,6 +35,7 @@ from agent_r1.algorithms.registry import (
 __all__ = [
     "ADVANTAGES",
     "AGG_MODES",
+    "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageInputs",
     "aggregate",

@@ -13,6 +13,7 @@ from torch import Tensor
 from agent_r1.algorithms.registry import register_policy_loss
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_KINDS = ("k1", "k2", "k3")  # estimators of `kl_penalty`
 
 
 def aggregate(x: Tensor, mask: Tensor, mode: str) -> Tensor:
@@ -112,7 +113,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
         return 0.5 * log_ratio**2
     if kind == "k3":
         return torch.exp(-log_ratio) + log_ratio - 1
-    raise ValueError(f"unknown KL penalty kind {kind!r}; known: k1, k2, k3")
+    raise ValueError(f"unknown KL penalty kind {kind!r}; known: {', '.join(KL_KINDS)}")
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

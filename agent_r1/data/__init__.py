@@ -1,12 +1,14 @@
 """Dataset builders and readers: question tables and corpora stored as parquet.
 
 A dataset directory holds ``corpus.parquet`` (``CORPUS_COLUMNS``) and one ``<split>.parquet``
-per split (``QUESTION_COLUMNS``); ``load_split`` / ``load_corpus`` read and validate them.
+per split (``QUESTION_COLUMNS``); ``load_split`` / ``load_corpus`` read and validate them. Bad
+input data raises `DataError` (a ValueError) naming the file and the line, record or row.
 """
 
 from agent_r1.data.hotpotqa import load_hotpotqa
 from agent_r1.data.synthetic import (
     CORPUS_COLUMNS,
+    DataError,
     QTYPES,
     QUESTION_COLUMNS,
     SPLITS,
@@ -23,6 +25,7 @@ from agent_r1.data.synthetic import (
 
 __all__ = [
     "CORPUS_COLUMNS",
+    "DataError",
     "QTYPES",
     "QUESTION_COLUMNS",
     "SPLITS",

@@ -27,37 +27,50 @@ from typing import Any
 
 import pandas as pd
 
-from agent_r1.data.synthetic import CORPUS_COLUMNS, QUESTION_COLUMNS
+from agent_r1.data.synthetic import CORPUS_COLUMNS, QUESTION_COLUMNS, DataError
 
 __all__ = ["load_hotpotqa"]
 
 
+def _decode(data: bytes, path: Path, first_line: int = 1) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data[: e.start].count(b"\n")
+        raise DataError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+
+
+def _json(text: str, path: Path, line: int | None = None):
+    """Parse JSON; an error names the file and the line (``line``: the line `text` is, in JSON lines)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {line or e.lineno}: invalid JSON: {e.msg}") from None
+    except (ValueError, RecursionError) as e:  # nested ~1000 deep; an integer of over 4300 digits
+        at = f": line {line}" if line else ""
+        problem = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        raise DataError(f"{path}{at}: invalid JSON: {problem}") from None
+
+
 def _records(path: Path, limit: int | None):
     """Yield (where, record) pairs; ``where`` names the file and the line (or list index)."""
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:
         head = fh.read(4096).lstrip()
-    if head.startswith("["):  # original layout: one JSON list
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+    if head.startswith(b"["):  # original layout: one JSON list
+        data = _json(_decode(path.read_bytes(), path), path)
         for i, rec in enumerate(data[:limit] if limit is not None else data):
             yield f"{path}: record {i}", rec
         return
     n = 0
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
             if limit is not None and n >= limit:
                 return
+            line = _decode(raw, path, lineno)
             if not line.strip():
                 continue
-            where = f"{path}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e.msg}") from None
             n += 1
-            yield where, rec
+            yield f"{path}: line {lineno}", _json(line, path, lineno)
 
 
 def _paragraphs(context: Any, where: str) -> list[tuple[str, list[str]]]:
@@ -65,20 +78,20 @@ def _paragraphs(context: Any, where: str) -> list[tuple[str, list[str]]]:
         titles, sentences = context.get("title"), context.get("sentences")
         if not isinstance(titles, list) or not isinstance(sentences, list) \
                 or len(titles) != len(sentences):
-            raise ValueError(f"{where}: field 'context': expected title and sentences lists "
+            raise DataError(f"{where}: field 'context': expected title and sentences lists "
                              "of equal length")
         pairs = list(zip(titles, sentences))
     elif isinstance(context, list):  # original: [[title, [sentences]], ...]
         if not all(isinstance(p, list) and len(p) == 2 for p in context):
-            raise ValueError(f"{where}: field 'context': expected [title, [sentences]] pairs")
+            raise DataError(f"{where}: field 'context': expected [title, [sentences]] pairs")
         pairs = [tuple(p) for p in context]
     else:
-        raise ValueError(f"{where}: field 'context': expected a dict or a list, "
+        raise DataError(f"{where}: field 'context': expected a dict or a list, "
                          f"got {type(context).__name__}")
     for title, sents in pairs:
         if not isinstance(title, str) or not title.strip() or not isinstance(sents, list) \
                 or not all(isinstance(s, str) for s in sents):
-            raise ValueError(f"{where}: field 'context': bad paragraph {title!r}")
+            raise DataError(f"{where}: field 'context': bad paragraph {title!r}")
     return pairs
 
 
@@ -90,7 +103,7 @@ def _supporting_titles(facts: Any, where: str) -> list[str]:
     else:
         titles = None
     if not isinstance(titles, list) or not titles or not all(isinstance(t, str) for t in titles):
-        raise ValueError(f"{where}: field 'supporting_facts': expected a non-empty list of "
+        raise DataError(f"{where}: field 'supporting_facts': expected a non-empty list of "
                          "supporting titles")
     return list(dict.fromkeys(titles))
 
@@ -100,10 +113,10 @@ def _field(rec: dict, names: tuple[str, ...], where: str) -> str:
         if name in rec:
             value = rec[name]
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{where}: field {name!r}: expected a non-empty string, "
+                raise DataError(f"{where}: field {name!r}: expected a non-empty string, "
                                  f"got {value!r}")
             return value
-    raise ValueError(f"{where}: missing field {names[0]!r}")
+    raise DataError(f"{where}: missing field {names[0]!r}")
 
 
 def load_hotpotqa(
@@ -124,16 +137,16 @@ def load_hotpotqa(
     seen_ids: set[str] = set()
     for where, rec in _records(path, limit):
         if not isinstance(rec, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         qid = _field(rec, ("id", "_id"), where)
         if qid in seen_ids:
-            raise ValueError(f"{where}: duplicate question id {qid!r}")
+            raise DataError(f"{where}: duplicate question id {qid!r}")
         seen_ids.add(qid)
         paragraphs = _paragraphs(rec.get("context"), where)
         gold = _supporting_titles(rec.get("supporting_facts"), where)
         missing = [t for t in gold if t not in {title for title, _ in paragraphs}]
         if missing:
-            raise ValueError(f"{where}: field 'supporting_facts': titles {missing} are not in "
+            raise DataError(f"{where}: field 'supporting_facts': titles {missing} are not in "
                              "the context")
         rows.append({
             "id": qid,
@@ -148,6 +161,8 @@ def load_hotpotqa(
         for title, sents in paragraphs:
             if title not in docs:
                 docs[title] = "".join(sents).strip() or title
+    if not rows and limit != 0:
+        raise DataError(f"{path}: no questions in the file")
     questions = pd.DataFrame(rows, columns=list(QUESTION_COLUMNS)).astype({"hops": "int64"})
     corpus = pd.DataFrame(
         [{"doc_id": f"hotpotqa-{i:06d}", "title": t, "text": x}

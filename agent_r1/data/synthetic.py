@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 __all__ = [
     "CORPUS_COLUMNS",
+    "DataError",
     "QTYPES",
     "QUESTION_COLUMNS",
     "SPLITS",
@@ -406,16 +407,20 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
 # --------------------------------------------------------------------------- I/O + validation
 
 
-def _bad(source: str, row: int, column: str, problem: str, value: Any) -> ValueError:
+class DataError(ValueError):
+    """Bad input data; the message names the file and the line, record or row."""
+
+
+def _bad(source: str, row: int, column: str, problem: str, value: Any) -> DataError:
     shown = repr(value)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return ValueError(f"{source}: row {row}: column {column!r}: {problem} (got {shown})")
+    return DataError(f"{source}: row {row}: column {column!r}: {problem} (got {shown})")
 
 
 def _check_columns(df: pd.DataFrame, columns: tuple[str, ...], source: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{source}: missing column(s) {missing}; expected {list(columns)}")
+        raise DataError(f"{source}: missing column(s) {missing}; expected {list(columns)}")
 
 
 def _str_list(value: Any) -> list | None:
@@ -487,17 +492,39 @@ def write_corpus(df: pd.DataFrame, path: str | Path) -> None:
     pq.write_table(pa.Table.from_pandas(clean, schema=_CORPUS_SCHEMA, preserve_index=False), path)
 
 
+def _read(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the prepare stage first (agent-r1 stage prepare)")
+    try:
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file: {e}") from None
+
+
 def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
-    """Read and validate ``<data_dir>/<split>.parquet``; every row's ``split`` must be ``split``."""
+    """Read and validate ``<data_dir>/<split>.parquet``: at least one question, every row's
+    ``split`` is ``split``, and no id is also in one of the other ``SPLITS`` of the folder."""
     path = Path(data_dir) / f"{split}.parquet"
-    df = validate_questions(pq.read_table(path).to_pandas(), str(path))
+    df = validate_questions(_read(path), str(path))
+    if df.empty:
+        raise DataError(f"{path}: the {split!r} split has no questions")
     for i, v in enumerate(df["split"].tolist()):
         if v != split:
             raise _bad(str(path), i, "split", f"expected {split!r}", v)
+    for other in SPLITS:
+        other_path = Path(data_dir) / f"{other}.parquet"
+        if other != split and other_path.exists():
+            shared = set(df["id"]) & set(_read(other_path, ["id"])["id"])
+            if shared:
+                raise DataError(f"{path}: {len(shared)} question id(s) also in {other_path}, e.g. "
+                                f"{min(shared)!r}: a question must be in one split only")
     return df
 
 
 def load_corpus(data_dir: str | Path) -> pd.DataFrame:
-    """Read and validate ``<data_dir>/corpus.parquet``."""
+    """Read and validate ``<data_dir>/corpus.parquet`` (at least one document)."""
     path = Path(data_dir) / "corpus.parquet"
-    return validate_corpus(pq.read_table(path).to_pandas(), str(path))
+    df = validate_corpus(_read(path), str(path))
+    if df.empty:
+        raise DataError(f"{path}: the corpus has no documents")
+    return df

@@ -2,7 +2,10 @@
 
 One `step` is one model turn. Nothing the model writes and nothing a tool does raises out of
 `step` (DESIGN.md, contract 3): a malformed turn or a failing tool becomes a "tool" message that
-explains the problem, flagged in `info` and counted in `metrics`, and the episode goes on.
+explains the problem, flagged in `info` and counted in `metrics`, and the episode goes on. That
+holds for an exception in the parser (a format error) and in `step_reward` (a tool error: it
+scores what the tools returned); observations are always valid UTF-8 text, error messages and
+tool names in them are capped.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
-from agent_r1.tools.base import Tool, ToolResult, run_tool, validate_arguments
+from agent_r1.tools.base import Tool, ToolResult, _describe, _truncate, as_text, run_tool, validate_arguments
 
 
 @dataclass
@@ -24,6 +27,12 @@ class EnvStep:
 
 
 _METRICS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncations")
+_MAX_NAME_CHARS, _MAX_ERROR_CHARS = 64, 500  # a tool name / an error message as shown to the model
+
+
+def _message(name: str, content: str) -> dict:
+    """A "tool" chat message, with the (model-chosen) name capped and both made valid UTF-8."""
+    return {"role": "tool", "name": as_text(_truncate(name, _MAX_NAME_CHARS)[0]), "content": as_text(content)}
 
 
 class ToolEnv:
@@ -84,7 +93,10 @@ class ToolEnv:
         if self.done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         self.metrics["turns"] += 1
-        parsed = self.parser.parse(action_text)
+        try:
+            parsed = self.parser.parse(action_text)
+        except Exception as e:  # noqa: BLE001 - a parser (pluggable) that fails on some text
+            parsed = ParsedTurn(errors=[f"the turn could not be parsed ({type(e).__name__})"])
         info: dict = {
             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls],
             "answer": None,
@@ -96,18 +108,22 @@ class ToolEnv:
         }
         if parsed.answer is not None and not parsed.errors:
             info["answer"] = parsed.answer
-            return self._finish([], self.step_reward(parsed, []), info, "answer", action_text)
+            reward, observation = self._step_reward(parsed, [], info)
+            self.metrics["tool_errors"] += info["tool_errors"]
+            return self._finish(observation, reward, info, "answer", action_text)
         if None not in (self.max_context_tokens, context_tokens) and context_tokens >= self.max_context_tokens:
             return self._finish([], 0.0, info, "token_budget", action_text)
 
         observation, results = self._run_turn(parsed, info)
+        reward, failed = self._step_reward(parsed, results, info)
+        observation += failed
+        reward += self.format_penalty if info["format_error"] else 0.0
         m = self.metrics
         m["tool_calls"] += len(results)
         m["format_errors"] += int(info["format_error"])
         m["tool_errors"] += info["tool_errors"]
         m["timeouts"] += info["timed_out"]
         m["truncations"] += info["truncated"]
-        reward = self.step_reward(parsed, results) + (self.format_penalty if info["format_error"] else 0.0)
         if self.metrics["turns"] >= self.max_turns:
             return self._finish(observation, reward, info, "max_turns", action_text)
         return EnvStep(observation, reward, False, info)
@@ -119,9 +135,10 @@ class ToolEnv:
         Records every problem in ``info["errors"]``, format problems in ``info["format_error"]``."""
 
         def error(message: str, name: str = "error") -> dict:
+            message = _truncate(message, _MAX_ERROR_CHARS)[0]
             info["errors"].append(message)
             info["format_error"] = True
-            return {"role": "tool", "name": name, "content": f"Error: {message}"}
+            return _message(name, f"Error: {message}")
 
         if parsed.errors:
             return [error(e) for e in parsed.errors], []
@@ -138,7 +155,7 @@ class ToolEnv:
                 continue
             result = run_tool(tool, call.arguments)
             results.append((call, result))
-            observation.append({"role": "tool", "name": call.name, "content": result.text})
+            observation.append(_message(call.name, result.text))
             if result.error is not None:
                 info["errors"].append(result.error)
                 info["tool_errors"] += 1
@@ -149,6 +166,19 @@ class ToolEnv:
             limit = self.max_tool_calls_per_turn
             observation.append(error(f"at most {limit} tool calls per turn; ignored the last {extra}"))
         return observation, results
+
+    def _step_reward(
+        self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]], info: dict
+    ) -> tuple[float, list[dict]]:
+        """`step_reward` and no message; or, when it fails (say, on malformed ``info`` from a
+        tool), 0, a tool error in `info` and an error message for the observation."""
+        try:
+            return float(self.step_reward(parsed, results)), []
+        except Exception as e:  # noqa: BLE001 - what the tools returned could not be scored
+            message = f"the tool results could not be scored: {_describe(e, _MAX_ERROR_CHARS)}"
+            info["errors"].append(message)
+            info["tool_errors"] += 1
+            return 0.0, [_message("error", f"Error: {message}")]
 
     def end(self, stop_reason: str) -> EnvStep:
         """End the episode without a turn (the rollout loop's call when the next turn cannot fit)."""

@@ -335,10 +335,13 @@ class Learner:
         """Everything a resume needs (weights, optimizer moments, ``client_state``), atomically.
 
         DeepSpeed's own checkpoint (any ZeRO stage) goes to a temp folder renamed over ``path``,
-        so a process killed mid-write leaves the previous state intact.
+        so a process killed mid-write leaves the previous state intact; the temp folders such a
+        kill left are removed here.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         self.engine.save_checkpoint(str(tmp), tag="policy", client_state=client_state, save_latest=False)
         if self.critic is not None:
@@ -349,10 +352,13 @@ class Learner:
         return path
 
     def load_state(self, path: str | Path) -> dict:
-        """Restore what :meth:`save_state` wrote; returns its ``client_state``."""
-        _, client = self.engine.load_checkpoint(str(path), tag="policy")
+        """Restore what :meth:`save_state` wrote; returns its ``client_state``. Every file is
+        read with ``torch.load(weights_only=True)`` (see :mod:`agent_r1.checkpoints`)."""
+        from agent_r1.checkpoints import load_deepspeed_state
+
+        client = load_deepspeed_state(self.engine, path, "policy")
         if self.critic is not None:
-            self.critic.load_checkpoint(str(path), tag="critic")
+            load_deepspeed_state(self.critic, path, "critic")
         return client
 
 

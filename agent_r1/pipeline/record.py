@@ -108,7 +108,9 @@ class Recorder:
             log.warning("not resuming MLflow run %s (%s); starting a new one", run_id, e)
             self.run_id = self.tracker.start_pipeline_run(self.cfg.name, params, tags)
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps({"run_id": self.run_id}))
+        tmp = self.state_file.with_suffix(".tmp")  # a kill mid-write must not leave half a file
+        tmp.write_text(json.dumps({"run_id": self.run_id}))
+        tmp.replace(self.state_file)
         return self.run_id
 
     def stage(self, name: str) -> StageLog:

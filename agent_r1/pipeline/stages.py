@@ -134,7 +134,8 @@ def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
     data_dir = prepare_data(cfg)
     info = {"data_version": data_version(data_dir)}
     for split in ("train", cfg.eval.split):
-        info[f"{split}_questions"] = len(load_split(data_dir, split))
+        if (data_dir / f"{split}.parquet").exists():  # a single HotpotQA file has no training split
+            info[f"{split}_questions"] = len(load_split(data_dir, split))
     stage_log.params(info)
     return info
 

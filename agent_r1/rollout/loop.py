@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from agent_r1.context import ContextManager
 from agent_r1.rollout.engine import RolloutEngine, SamplingParams
+from agent_r1.tools.base import _describe
 from agent_r1.trajectory import Step, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 def run_episodes(
@@ -26,16 +30,24 @@ def run_episodes(
     episodes that end drop out of the batch. An episode whose next turn would not fit in
     ``max_context_tokens`` is ended with ``stop_reason="token_budget"``; ``on_turn(turn,
     n_active)`` reports progress.
+
+    An episode whose environment raises (in ``reset``, ``step`` or while its observation is
+    added to the context) ends there with ``stop_reason="env_error"`` and the error in its
+    metrics; the other episodes go on.
     """
-    tok = context.tokenizer
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
-    ctxs = [context.start(env.reset(task)) for env, task in zip(envs, tasks)]
     trajs = [
         Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
         for i, task in enumerate(tasks)
     ]
-    active = list(range(len(tasks)))
+    ctxs, active = {}, []
+    for i, (env, task) in enumerate(zip(envs, tasks)):
+        try:
+            ctxs[i] = context.start(env.reset(task))
+            active.append(i)
+        except Exception as e:  # noqa: BLE001 - one broken task must not cost the batch
+            _env_error(trajs[i], envs[i], e)
     turn = 0
     while active:
         if on_turn:
@@ -44,40 +56,59 @@ def run_episodes(
         gens = engine.generate(contexts, params)
         still = []
         for i, ctx_ids, gen in zip(active, contexts, gens):
-            text = tok.decode(gen.ids, skip_special_tokens=False)
-            if gen.finished:
-                text = text[: text.rfind(tok.eos_token)]
-            res = envs[i].step(text, context_tokens=len(ctx_ids) + len(gen.ids))
-            info = res.info
-            trajs[i].steps.append(
-                Step(
-                    context_ids=ctx_ids,
-                    action_ids=gen.ids,
-                    action_logprobs=gen.logprobs,
-                    action_text=text,
-                    tool_calls=info.get("tool_calls", []),
-                    observation=res.observation,
-                    reward=float(res.reward),
-                    format_error=bool(info.get("format_error", False)),
-                    tool_errors=int(info.get("tool_errors", 0)),
-                    truncated=not gen.finished,
-                )
-            )
-            if res.done:
-                trajs[i].final_reward = float(info.get("final_reward", 0.0))
-                trajs[i].metrics = _episode_metrics(envs[i], info)
-                continue
-            context.observe(ctxs[i], gen.ids, res.observation)
-            if max_context_tokens and len(context.context_ids(ctxs[i])) + params.max_new_tokens > max_context_tokens:
-                # The next turn cannot fit in the context: end the episode here.
-                res = envs[i].end("token_budget")
-                trajs[i].final_reward = float(res.info.get("final_reward", 0.0))
-                trajs[i].metrics = _episode_metrics(envs[i], res.info)
-                continue
-            still.append(i)
+            try:
+                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, context, params, max_context_tokens):
+                    still.append(i)
+            except Exception as e:  # noqa: BLE001 - contain the episode, keep the batch
+                _env_error(trajs[i], envs[i], e)
         active = still
         turn += 1
     return trajs
+
+
+def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: ContextManager,
+             params: SamplingParams, max_context_tokens: int | None) -> bool:
+    """Apply one sampled turn to an episode; True while it goes on."""
+    tok = context.tokenizer
+    text = tok.decode(gen.ids, skip_special_tokens=False)
+    if gen.finished:
+        text = text[: text.rfind(tok.eos_token)]
+    res = env.step(text, context_tokens=len(ctx_ids) + len(gen.ids))
+    info = res.info
+    traj.steps.append(
+        Step(
+            context_ids=ctx_ids,
+            action_ids=gen.ids,
+            action_logprobs=gen.logprobs,
+            action_text=text,
+            tool_calls=info.get("tool_calls", []),
+            observation=res.observation,
+            reward=float(res.reward),
+            format_error=bool(info.get("format_error", False)),
+            tool_errors=int(info.get("tool_errors", 0)),
+            truncated=not gen.finished,
+        )
+    )
+    if res.done:
+        traj.final_reward = float(info.get("final_reward", 0.0))
+        traj.metrics = _episode_metrics(env, info)
+        return False
+    context.observe(ctx, gen.ids, res.observation)
+    if max_context_tokens and len(context.context_ids(ctx)) + params.max_new_tokens > max_context_tokens:
+        # The next turn cannot fit in the context: end the episode here.
+        res = env.end("token_budget")
+        traj.final_reward = float(res.info.get("final_reward", 0.0))
+        traj.metrics = _episode_metrics(env, res.info)
+        return False
+    return True
+
+
+def _env_error(traj: Trajectory, env, e: Exception) -> None:
+    """End an episode whose environment failed: no final reward, the error in its metrics."""
+    error = _describe(e, 500)
+    log.warning("episode %s ended by an environment error: %s", traj.task_id, error)
+    traj.final_reward = 0.0
+    traj.metrics = {**getattr(env, "metrics", {}), "stop_reason": "env_error", "env_error": error}
 
 
 def _episode_metrics(env, info: dict) -> dict:

@@ -10,13 +10,21 @@ A tool is a plain function with type hints and a Google-style docstring::
             key: The key to look up.
         '''
 
-`run_tool` validates the model's arguments against the derived schema, runs the function in a
-worker thread under the tool's timeout, truncates long output, and turns every failure into a
+`run_tool` validates the model's arguments against the derived schema, runs the function under
+the tool's timeout, coerces its output to text and truncates it, and turns every failure into a
 `ToolResult` with an `error` (DESIGN.md, contract 3): it never raises.
+
+A tool runs in a forked worker process that is killed when its time is up, so the timeout holds
+whatever the tool does (even C code that never releases the GIL); the fork costs a few
+milliseconds, and what the tool changes in its worker's memory is lost with the worker. A tool
+declared ``thread_safe=True`` runs in a thread of this process instead: microseconds, and state
+it keeps between calls stays. Declare it for a fast tool that releases the GIL, because a thread
+cannot be stopped (one that hangs is abandoned and keeps running in the background).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -55,6 +63,7 @@ class Tool:
     parameters: dict
     timeout_s: float = 10.0
     max_output_chars: int = 2000
+    thread_safe: bool = False  # run in a thread, not a worker process (see the module docstring)
 
     @property
     def schema(self) -> dict:
@@ -71,6 +80,7 @@ def tool(
     name: str | None = None,
     timeout_s: float = 10.0,
     max_output_chars: int = 2000,
+    thread_safe: bool = False,
 ) -> Tool | Callable[[Callable], Tool]:
     """Make a `Tool` from a typed function with a Google-style docstring; usable as ``@tool`` or
     ``@tool(timeout_s=...)``. Raises transformers' parsing errors if a hint or an argument's
@@ -85,6 +95,7 @@ def tool(
             parameters=spec["parameters"],
             timeout_s=timeout_s,
             max_output_chars=max_output_chars,
+            thread_safe=thread_safe,
         )
 
     return make if fn is None else make(fn)
@@ -150,43 +161,93 @@ def _truncate(text: str, limit: int) -> tuple[str, bool]:
     return f"{text[:limit]}… [truncated {len(text) - limit} chars]", True
 
 
-def run_tool(tool: Tool, arguments: Any) -> ToolResult:
-    """Validate `arguments`, call the tool under its timeout, and return a `ToolResult`. Never raises.
+def as_text(value: Any) -> str:
+    """`value` as text the tokenizer accepts: bytes decoded as UTF-8, anything else through
+    ``str``, and unencodable characters (lone surrogates, e.g. from a JSON ``"\\ud800"``)
+    replaced. Raises whatever ``str(value)`` raises."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    elif not isinstance(value, str):
+        value = str(value)
+    return value.encode("utf-8", "replace").decode("utf-8")
 
-    The call runs in a daemon thread. Python cannot kill a thread, so a tool that hangs past
-    `timeout_s` is abandoned: its thread keeps running in the background (and dies with the
-    process) while the episode goes on with a timeout error.
-    """
-    if (problem := validate_arguments(tool.parameters, arguments)) is not None:
-        return _failure(f"invalid arguments for tool '{tool.name}': {problem}")
 
-    box: dict[str, Any] = {}
+def _describe(e: BaseException, limit: int) -> str:
+    """``"<Type>: <message>"`` of an exception, even one whose ``__str__`` fails."""
+    try:
+        message = as_text(str(e))
+    except Exception:  # noqa: BLE001 - the tool's exception class is user code
+        message = "(its message could not be read)"
+    return f"{type(e).__name__}: {_truncate(message, limit)[0]}"
 
-    def call() -> None:
-        try:
-            box["output"] = tool.fn(**arguments)
-        except BaseException as e:  # noqa: BLE001 - any failure of user code becomes an observation
-            box["exception"] = e
 
-    worker = threading.Thread(target=call, name=f"tool-{tool.name}", daemon=True)
+def _call(tool: Tool, arguments: dict) -> ToolResult:
+    """Call the tool and make its output an observation; in the worker, so a slow ``str`` of a
+    huge output is under the timeout too."""
+    try:
+        output = tool.fn(**arguments)
+        text, info = (output.text, output.info) if isinstance(output, ToolOutput) else (output, {})
+        if not isinstance(info, dict):
+            return _failure(f"tool '{tool.name}' returned info of type {type(info).__name__}, expected a dict")
+        text, truncated = _truncate(as_text(text), tool.max_output_chars)
+    except BaseException as e:  # noqa: BLE001 - any failure of user code becomes an observation
+        return _failure(f"tool '{tool.name}' raised {_describe(e, tool.max_output_chars)}")
+    return ToolResult(text=text, info=info, truncated=truncated)
+
+
+def _timeout(tool: Tool) -> ToolResult:
+    return _failure(f"tool '{tool.name}' timed out after {tool.timeout_s:g} s", timed_out=True)
+
+
+def _in_thread(tool: Tool, arguments: dict) -> ToolResult:
+    """Python cannot kill a thread: one that hangs past the timeout is abandoned (it keeps
+    running in the background and dies with the process)."""
+    box: list[ToolResult] = []
+    worker = threading.Thread(target=lambda: box.append(_call(tool, arguments)), name=f"tool-{tool.name}", daemon=True)
     worker.start()
     worker.join(tool.timeout_s)
-    if worker.is_alive():
-        return _failure(f"tool '{tool.name}' timed out after {tool.timeout_s:g} s", timed_out=True)
-    if "exception" in box:
-        e = box["exception"]
-        message, _ = _truncate(str(e), tool.max_output_chars)
-        return _failure(f"tool '{tool.name}' raised {type(e).__name__}: {message}")
+    return box[0] if box else _timeout(tool)
 
-    output = box["output"]
-    if isinstance(output, ToolOutput):
-        text, info = output.text, output.info
-    elif isinstance(output, str):
-        text, info = output, {}
-    else:
-        return _failure(f"tool '{tool.name}' returned {type(output).__name__}, expected str or ToolOutput")
-    text, truncated = _truncate(text, tool.max_output_chars)
-    return ToolResult(text=text, info=info, truncated=truncated)
+
+def _child(conn, tool: Tool, arguments: dict) -> None:
+    result = _call(tool, arguments)
+    try:
+        conn.send(result)
+    except Exception as e:  # noqa: BLE001 - e.g. an info dict that cannot be pickled
+        conn.send(_failure(f"tool '{tool.name}' returned a result that cannot be sent back: {_describe(e, 200)}"))
+
+
+def _in_process(tool: Tool, arguments: dict) -> ToolResult:
+    """Fork a worker (so closures and unpicklable tools work), wait for its result at most
+    ``timeout_s``, and kill it either way."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, tool, arguments), name=f"tool-{tool.name}")
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(tool.timeout_s):
+            return _timeout(tool)
+        try:
+            return receive.recv()
+        except EOFError:  # the worker died without a result (os._exit, a crash in C code)
+            proc.join(1.0)
+            return _failure(f"tool '{tool.name}' exited (code {proc.exitcode}) without a result")
+    finally:
+        proc.kill()
+        proc.join()
+        receive.close()
+
+
+def run_tool(tool: Tool, arguments: Any) -> ToolResult:
+    """Validate `arguments`, call the tool under its timeout (in a worker process, or a thread
+    when the tool is ``thread_safe``), and return a `ToolResult`. Never raises."""
+    if (problem := validate_arguments(tool.parameters, arguments)) is not None:
+        return _failure(f"invalid arguments for tool '{tool.name}': {problem}")
+    try:
+        return (_in_thread if tool.thread_safe else _in_process)(tool, arguments)
+    except Exception as e:  # noqa: BLE001 - e.g. no memory left to fork a worker
+        return _failure(f"tool '{tool.name}' could not be run: {_describe(e, 200)}")
 
 
 def _failure(error: str, timed_out: bool = False) -> ToolResult:

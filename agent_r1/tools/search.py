@@ -87,4 +87,6 @@ def make_search_tool(
             return ToolOutput("No results found. Try other keywords.", info)
         return ToolOutput("\n".join(f"({i}) {h['title']}: {h['text']}" for i, h in enumerate(hits, 1)), info)
 
-    return tool(search, timeout_s=timeout_s, max_output_chars=max_output_chars)
+    # thread-safe: a read-only index whose top-k runs in numpy, fast enough for a thread (the
+    # worker process that guards other tools would cost a fork per search)
+    return tool(search, timeout_s=timeout_s, max_output_chars=max_output_chars, thread_safe=True)
