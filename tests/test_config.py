@@ -85,8 +85,8 @@ def test_a_missing_config_file_is_an_error_not_the_defaults(tmp_path, monkeypatc
 ])
 def test_out_of_range_and_unknown_values_name_their_key(override, message):
     with pytest.raises(ConfigError) as err:
-        load_config("default", "pipelines.yaml", parse_overrides([override, "sft.worlds=0"]))
-    assert message in str(err.value) and "pipeline 'default' (pipelines.yaml)" in str(err.value)
+        load_config("tiny", "pipelines.yaml", parse_overrides([override, "sft.worlds=0"]))
+    assert message in str(err.value) and "pipeline 'tiny' (pipelines.yaml)" in str(err.value)
 
 
 def test_one_problem_is_one_line_and_several_are_listed():

@@ -211,7 +211,7 @@ def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, t
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
     assert [h["iteration"] for h in history] == list(range(1, iterations + 1))
     tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
-    pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'default'")
+    pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'tiny'")
     assert [r.info.run_id for r in pipeline_runs] == [run_id]
     assert tracker.run_info(run_id)["status"] == "FINISHED"
     train_run = tracker.child_runs(run_id)["train"]

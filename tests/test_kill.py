@@ -40,7 +40,7 @@ def _start(root: Path, log) -> subprocess.Popen:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
                         "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     sets = [x for s in [f"output_dir={root / 'out'}", *SETTINGS] for x in ("-s", s)]
-    cmd = [sys.executable, "-m", "agent_r1.cli", "train", "--config", "pipelines.yaml", *sets]
+    cmd = [sys.executable, "-m", "agent_r1.cli", "train", "-p", "tiny", "--config", "pipelines.yaml", *sets]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -10,6 +10,7 @@ how the batch was split.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
