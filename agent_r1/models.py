@@ -11,6 +11,7 @@ Qwen2-style model is built from a config.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -116,18 +117,23 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> torch.nn
     return model
 
 
-def native_bf16(device: torch.device | str) -> bool:
-    """Does ``device`` compute bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16
-    or AMX? (Elsewhere a CPU emulates bf16: 2-4x slower than fp32 on a 2-core AVX-512 Xeon,
-    measured in bench/learner.py.)"""
-    device = torch.device(device)
-    if device.type == "cuda":
+@functools.cache
+def _native_bf16(device_type: str) -> bool:
+    if device_type == "cuda":
         return torch.cuda.is_bf16_supported()
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Does ``device`` compute bf16 natively: a CUDA GPU that supports it, or a CPU with AVX512-BF16
+    or AMX? (Elsewhere a CPU emulates bf16: 2-4x slower than fp32 on a 2-core AVX-512 Xeon,
+    measured as recorded in docs/pretrained.md.) Asked once per device type: every forward pass
+    of the engine and the learner consults it."""
+    return _native_bf16(torch.device(device).type)
 
 
 def autocast(precision: str, device: torch.device | str):
@@ -210,15 +216,13 @@ def packaged_gguf(name: str) -> tuple[Path, str]:
 def convert_gguf(gguf: Path, out: Path, source: dict | None = None) -> Path:
     """Dequantize a GGUF causal LM into a safetensors Hugging Face folder at ``out``, atomically,
     with ``source`` (what it was converted from) in ``agent_r1_source.json``."""
-    from transformers import AutoConfig
-
-    log.info("converting %s to %s (once; ~25 s for 135M parameters)", gguf.name, out)
+    log.info("converting %s to %s (once; ~30 s for 135M parameters)", gguf.name, out)
     kw = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
     # A model loaded from GGUF refuses save_pretrained while it carries its quantization config:
     # rebuild it from the plain config and move the dequantized weights over.
-    config = AutoConfig.from_pretrained(gguf.parent, **kw)
+    config = quantized.config  # (the quantized model is discarded)
     config.__dict__.pop("quantization_config", None)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
