@@ -23,4 +23,12 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
 
-.PHONY: install run test
+# docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
+docs: install
+	$(BIN)/agent-r1 show-config --doc > docs/config.md
+
+# The DVC pipeline (dvc.yaml): its stages call `agent-r1`, so the venv goes on PATH.
+repro: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro $(ARGS)
+
+.PHONY: install run test docs repro

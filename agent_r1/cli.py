@@ -319,8 +319,15 @@ def show_config(
     pipeline: str = PIPELINE,
     config_file: Path = CONFIG,
     overrides: list[str] = SET,
+    doc: bool = typer.Option(False, "--doc", help="print the reference of every key (markdown: docs/config.md) instead"),
 ):
-    """Print the fully resolved, validated config of a pipeline."""
+    """Print the fully resolved, validated config of a pipeline (JSON), or with --doc the
+    configuration reference: every key's type, default and description."""
+    if doc:
+        from agent_r1.config_doc import markdown
+
+        sys.stdout.write(markdown())
+        return
     cfg = _config(pipeline, config_file, overrides)
     sys.stdout.write(cfg.model_dump_json(indent=2) + "\n")
 
