@@ -27,8 +27,4 @@ test: install
 docs: install
 	$(BIN)/agent-r1 show-config --doc > docs/config.md
 
-# The DVC pipeline (dvc.yaml): its stages call `agent-r1`, so the venv goes on PATH.
-repro: install
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro $(ARGS)
-
-.PHONY: install run test docs repro
+.PHONY: install run test docs

@@ -202,5 +202,7 @@ def test_only_the_run_dvc_yaml_describes_is_recorded(tmp_path, monkeypatch):
     assert "output_dir elsewhere" in why_not_recorded(moved, "pipelines.yaml", [])
     # no outputs yet: nothing is committed and dvc.lock is not written
     assert record_in_dvc_lock(cfg, "pipelines.yaml", []) == [] and not (repo / "dvc.lock").exists()
+    shutil.rmtree(repo / ".git")  # a copy that is not a git checkout: DVC refuses, the run still ends well
+    assert record_in_dvc_lock(cfg, "pipelines.yaml", []) == []
     monkeypatch.chdir(tmp_path)
     assert "no dvc.yaml" in why_not_recorded(cfg, "pipelines.yaml", [])

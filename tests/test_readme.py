@@ -10,6 +10,7 @@ SKIP (servers, the test suite itself) are only parsed.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import re
@@ -104,11 +105,13 @@ def _make_recipe(target: str) -> list[str]:
 def test_readme_commands_run_at_tiny_scale(tmp_path):
     tiny = _merge(repo_pipeline(), parse_overrides(TINY))
     repo = scratch_repo(tmp_path, tiny)
-    (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": {"default": tiny, "tiny": tiny}}, sort_keys=False))
+    pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny)}  # no YAML alias: `dvc exp run -S` edits one
+    (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": pipelines}, sort_keys=False))
     shutil.copytree(ROOT / "flows", repo / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").symlink_to(BIN.parent)
     env = {k: v for k, v in _env(tmp_path).items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != BIN)  # not activated
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"  # a busy machine (the default is 20 s)
     log = []
 
     def run(line: str) -> str:

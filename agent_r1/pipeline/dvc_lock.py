@@ -59,19 +59,23 @@ def record_in_dvc_lock(cfg: RunConfig, config_file: str | Path | None, overrides
     if reason:
         log.info("outputs not recorded in dvc.lock: %s", reason)
         return []
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
     t0, done = time.perf_counter(), []
-    with Repo(".") as repo:
-        for stage in repo.index.stages:
-            missing = [str(out) for out in stage.outs if not out.exists]
-            if missing:
-                log.info("dvc.lock: stage %s and later not recorded (missing %s)", stage.name, ", ".join(missing))
-                break
-            repo.commit(stage.addressing, force=True)
-            done.append(stage.name)
-            if stage.name == last_stage:
-                break
+    try:
+        with Repo(".") as repo:
+            for stage in repo.index.stages:
+                missing = [str(out) for out in stage.outs if not out.exists]
+                if missing:
+                    log.info("dvc.lock: stage %s and later not recorded (missing %s)", stage.name, ", ".join(missing))
+                    break
+                repo.commit(stage.addressing, force=True)
+                done.append(stage.name)
+                if stage.name == last_stage:
+                    break
+    except (DvcException, OSError) as e:  # e.g. not a git checkout: the run itself succeeded
+        log.warning("outputs not recorded in dvc.lock (`dvc repro` will run the stages again): %s", e)
     log.info("dvc.lock records stages %s (%.0f s): `dvc repro` finds them current", ", ".join(done) or "none",
              time.perf_counter() - t0)
     return done
