@@ -101,7 +101,7 @@ def _make_recipe(target: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # three pipeline runs, evaluations and a DVC experiment: about 8 min on a busy 2-core machine
+@pytest.mark.timeout(2400)  # three pipeline runs, evaluations, a DVC experiment: 15 min on the 2-core machine at load 8
 def test_readme_commands_run_at_tiny_scale(tmp_path):
     tiny = _merge(repo_pipeline(), parse_overrides(TINY))
     repo = scratch_repo(tmp_path, tiny)
