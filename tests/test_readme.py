@@ -138,3 +138,25 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
         elif line.startswith(".venv/bin/dvc exp run"):
             assert ran(out) == ["train", "evaluate", "register"], out
     assert (repo / "dvc.lock").exists() and (repo / "outputs" / "tiny" / "metrics" / "eval.json").exists()
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", markdown, flags=re.M)}
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_links_stay_in_the_repository_and_resolve(page):
+    """No link leaves the repository; every linked file and heading exists (examples/ comes with
+    stream `extend`'s merge)."""
+    source = ROOT / page
+    for target in re.findall(r"\]\(([^)\s]+)\)", source.read_text()):
+        assert "://" not in target, f"{page}: link outside the repository: {target}"
+        path, _, anchor = target.partition("#")
+        linked = (source.parent / path).resolve() if path else source
+        assert linked.is_relative_to(ROOT), f"{page}: {target} is outside the repository"
+        if not linked.exists() and path.startswith("examples/"):
+            continue
+        assert linked.exists(), f"{page}: {target} does not exist"
+        if anchor:
+            assert anchor in _anchors(linked.read_text()), f"{page}: no heading #{anchor} in {path or page}"
