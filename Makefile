@@ -23,4 +23,8 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
 
-.PHONY: install run test
+# docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
+docs: install
+	$(BIN)/agent-r1 show-config --doc > docs/config.md
+
+.PHONY: install run test docs

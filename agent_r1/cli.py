@@ -115,9 +115,11 @@ def train(
     _quiet_libraries()
     cfg = _config(pipeline, config_file, overrides)
     from agent_r1.pipeline import run_all
+    from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
     from agent_r1.progress import Progress
 
     out = run_all(cfg, _tracker(track), Progress(), with_control=control)
+    record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
     shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop")}
     console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
@@ -319,8 +321,15 @@ def show_config(
     pipeline: str = PIPELINE,
     config_file: Path = CONFIG,
     overrides: list[str] = SET,
+    doc: bool = typer.Option(False, "--doc", help="print the reference of every key (markdown: docs/config.md) instead"),
 ):
-    """Print the fully resolved, validated config of a pipeline."""
+    """Print the fully resolved, validated config of a pipeline (JSON), or with --doc the
+    configuration reference: every key's type, default and description."""
+    if doc:
+        from agent_r1.config_doc import markdown
+
+        sys.stdout.write(markdown())
+        return
     cfg = _config(pipeline, config_file, overrides)
     sys.stdout.write(cfg.model_dump_json(indent=2) + "\n")
 

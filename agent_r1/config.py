@@ -22,16 +22,26 @@ class _Strict(BaseModel):
 
 class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa"] = "synthetic"
+    """Where the questions come from: a generated synthetic world, or HotpotQA files (`data.path`)."""
     path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
+    """HotpotQA only: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only)."""
     # synthetic world (see agent_r1.data.synthetic.WorldConfig)
     seed: int = 0
+    """Seed of the synthetic world (entities, facts, names, questions)."""
     n_films: int = Field(2400, ge=4)
+    """Films in the synthetic world (both sub-worlds together)."""
     n_directors: int = Field(800, ge=2)
+    """Directors in the synthetic world (each also gets a spouse)."""
     n_studios: int = Field(20, ge=2)
+    """Studios in the synthetic world."""
     n_cities: int = Field(24, ge=2)
+    """Cities the world's people and studios are placed in."""
     heldout_fraction: float = Field(0.25, gt=0, lt=1)
+    """Share of every kind of entity held out for the test split (questions about unseen entities)."""
     questions_per_type: int | None = Field(None, ge=1)  # None: one question per eligible entity
+    """Cap on the questions of each question type per split; null: one per eligible entity."""
     name_words: Literal[1, 2] = 2  # words per entity name (1: a bigger single-word inventory)
+    """Words per made-up entity name (1: a larger inventory of single words)."""
 
     def world(self):
         from agent_r1.data.synthetic import WorldConfig
@@ -40,33 +50,51 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    # a folder, a hub id, or a packaged model (agent_r1.models.PACKAGED_MODELS: smollm2-135m-instruct);
-    # None: a tiny model built from `tiny`, tokenizer trained here
     name_or_path: str | None = None
-    # compute precision of every forward pass (rollout, evaluation, learner) under autocast;
-    # weights and optimizer state stay fp32. auto: bf16 where the hardware computes it natively
+    """A packaged model (`smollm2-135m-instruct`), a local HF folder or a hub id; null: the tiny model built
+    from `model.tiny`, its tokenizer trained on the task's text."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Compute precision of every forward pass under autocast (weights and optimizer state stay fp32); auto:
+    bf16 only where the hardware computes it natively."""
     tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the tiny model built from scratch when `name_or_path` is null."""
     seed: int = 0
+    """Seed of the tiny model's random initialisation."""
 
 
 class EnvConfig(_Strict):
     max_turns: int = Field(4, ge=1)
+    """Assistant turns per episode before it is cut off."""
     max_context_tokens: int = Field(1024, ge=64)
+    """Token budget of an episode's whole context (prompt, turns and observations)."""
     max_new_tokens: int = Field(48, ge=1)
+    """Tokens the model may generate in one turn."""
     top_k: int = Field(2, ge=1)  # passages per search
+    """Passages the search tool returns per query."""
     context: Literal["full", "sliding_window"] = "full"
+    """What the model sees each turn: the full history, or the prompt plus the last `window` turns."""
     window: int = Field(2, ge=1)
+    """Turns kept by the sliding_window context."""
     reward_scheme: Literal["agent_r1", "answer_only", "answer_plus_format"] = "agent_r1"
+    """How answer score and format combine into the outcome reward (agent_r1: ill-formed episodes score below
+    any well-formed one)."""
     answer_metric: Literal["em", "f1"] = "em"
+    """The answer score inside the reward: exact match or token F1."""
     retrieval_bonus: float = 0.2  # process reward per gold document first retrieved
+    """Process reward for each gold document a search retrieves for the first time."""
     format_penalty: float = Field(0.0, le=0)
+    """Reward added to a turn with a format error (0 or negative)."""
     # "default": the env's built-in instruction; null: no system turn (the tiny model learns the
     # protocol from demonstrations and saves the tokens); any other text is used as it is.
     system_prompt: str | None = None
+    """System turn: `default` for the environment's built-in instruction, null for none, any other text as it
+    is."""
     tools_in_prompt: bool = False  # list tool schemas in the system turn (hub chat models want this)
+    """List the tool schemas in the system turn (hub chat models whose template renders tools want this)."""
     tool_timeout_s: float = Field(5.0, gt=0)
+    """Seconds a tool call may run before it is stopped and answered with an error observation."""
     max_output_chars: int = Field(1200, ge=50)
+    """Characters of a tool's output kept in the observation (the rest is truncated)."""
 
 
 class SFTConfig(_Strict):
@@ -74,74 +102,119 @@ class SFTConfig(_Strict):
     # question types in `qtypes`. The default shows single searches and ONE two-hop
     # composition (film → studio); the other compositions are left for RL to discover.
     hops: list[PositiveInt] = [1]
+    """Hop counts whose training questions the oracle demonstrates."""
     qtypes: list[str] = ["studio_city_of_film"]
+    """Further question types demonstrated in full (the default shows one two-hop composition, film → studio →
+    city)."""
     # Question types demonstrated only this many times per source (world or training split):
     # scarce demonstrations that RL, with many more questions and a reward, has to make up for.
     scarce: dict[str, PositiveInt] = {}
+    """Question types demonstrated only this many times per source (world or training split)."""
     worlds: int = Field(0, ge=0)  # >0: demonstrations from this many fresh worlds (see run.py)
+    """0: demonstrations from the training split; k > 0: from k freshly generated synthetic worlds."""
     epochs: float = Field(1.5, gt=0)
+    """Passes over the demonstrations."""
     batch_size: int = Field(8, ge=1)
+    """Demonstrations per optimizer step."""
     lr: float = Field(3e-3, gt=0)
+    """Peak learning rate of the cold start."""
     warmup_steps: int = Field(50, ge=0)
+    """Optimizer steps of linear learning-rate warm-up."""
     checkpoint_every: int = Field(500, ge=1)  # optimizer steps between resumable states
+    """Optimizer steps between resumable states (under outputs/<pipeline>/state/)."""
 
 
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
+    """Advantage estimator, a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...)."""
     # Which questions RL trains on: every training question with one of `hops`, plus the
     # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
     hops: list[PositiveInt] = [2]
+    """Hop counts of the training questions RL trains on."""
     qtypes: list[str] = []
+    """Further question types RL trains on (e.g. compositions SFT never showed)."""
     iterations: int = Field(100, ge=0)
+    """RL iterations (rollout → annotate → update)."""
     tasks_per_iteration: int = Field(16, ge=1)
+    """Questions sampled per iteration."""
     group_size: int = Field(8, ge=1)
+    """Episodes sampled per question (the group of GRPO and RLOO)."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollouts."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling cut-off of the rollouts."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor of returns and GAE."""
     lam: float = Field(1.0, ge=0, le=1)
+    """GAE lambda."""
     loss_mask: bool = True
+    """Train only on the model's own tokens (false: the Agent-R1 ablation that also trains on observations)."""
     adv_mask: bool = True
-    # Where RL starts: null = this pipeline's SFT checkpoint; else a folder or a registry URI
-    # (models:/<name>@<alias>), e.g. the current champion when retraining.
+    """Give advantages only to the model's own tokens (false: the ablation)."""
     init_from: str | None = None
+    """Where RL starts: null for this pipeline's SFT checkpoint, else a folder or a registry URI
+    (models:/<name>@<alias>)."""
     checkpoint_every: int = Field(10, ge=1)  # iterations between resumable states
+    """Iterations between resumable states."""
     learner: LearnerConfig = LearnerConfig()
+    """The DeepSpeed learner's optimizer and loss settings."""
 
 
 class EvalConfig(_Strict):
     split: Literal["train", "test"] = "test"  # a split the prepare stage writes (data.SPLITS)
+    """Split evaluated (one the prepare stage writes)."""
     hops: list[PositiveInt] = [1, 2, 3]
+    """Hop counts evaluated, each reported as its own split (test_1hop, ...)."""
     max_per_hop: int = Field(100, ge=1)
+    """Questions evaluated per hop count."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
+    """Sampling temperature of evaluation (0: greedy)."""
     # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
     # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
     # the tools: for a hub model the instruct model itself, for the tiny model its random init).
     baselines: list[Literal["naive_rag", "base_tool_call"]] = ["naive_rag", "base_tool_call"]
+    """Baselines evaluated next to the trained agents: naive_rag (one retrieval, then the answer) and
+    base_tool_call (the untrained model with the tools)."""
 
 
 class RegisterConfig(_Strict):
     model_name: str = "agent-r1"  # the MLflow registered model
+    """The MLflow registered model the agent is registered as."""
     # The gate: the new agent becomes `champion` only if eval.json[split][method][metric] beats
     # the current champion's score on the same held-out tasks; otherwise it stays `challenger`.
     split: Literal["train", "test"] = "test"
+    """eval.json split whose score decides promotion to champion."""
     metric: Literal["em", "f1", "reward"] = "em"
+    """eval.json metric whose score decides promotion to champion."""
 
 
 class RunConfig(_Strict):
     name: str = "default"
+    """Pipeline name (set from the pipelines.yaml entry)."""
     seed: int = 0
+    """Seed of sampling, shuffling and task selection in every stage."""
     output_dir: str = "outputs/default"
+    """Folder every stage writes under (default outputs/<pipeline>)."""
     data: DataConfig = DataConfig()
+    """The data set: synthetic world or HotpotQA."""
     model: ModelConfig = ModelConfig()
+    """The policy model."""
     env: EnvConfig = EnvConfig()
+    """The environment: turns, context, tools and reward."""
     sft: SFTConfig = SFTConfig()
+    """The supervised cold start on oracle demonstrations."""
     rl: RLConfig = RLConfig()
+    """End-to-end RL."""
     eval: EvalConfig = EvalConfig()
+    """Held-out evaluation."""
     registry: RegisterConfig = RegisterConfig()
+    """MLflow model registration and the champion gate."""
     # A comparison pipeline trains several RL methods from the same SFT start with the same
     # budget and seed: names as reported (ppo, grpo, reinforce_pp, reinforce_pp_baseline, rloo,
     # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
     methods: list[str] = []
+    """A comparison: RL methods trained from the same SFT start with the same budget (grpo, ppo, rloo,
+    <method>_no_loss_mask, ...); empty: only rl.algorithm."""
 
     @field_validator("output_dir")
     @classmethod

@@ -52,13 +52,21 @@ class TinyModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     vocab_size: int = 2048
+    """Vocabulary size of the tokenizer trained for the tiny model."""
     hidden_size: int = 128
+    """Hidden size."""
     num_layers: int = 4
+    """Transformer layers."""
     num_heads: int = 4
+    """Attention heads."""
     num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
     intermediate_size: int = 384
+    """MLP inner size."""
     max_position_embeddings: int = 1024
+    """Longest sequence (must cover env.max_context_tokens)."""
     rope_theta: float = 10000.0
+    """RoPE base frequency."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:

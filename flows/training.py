@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field
 
 from agent_r1.config import RunConfig, load_config, parse_overrides
 from agent_r1.pipeline import stages
+from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
 from agent_r1.pipeline.record import Recorder, StageLog
 from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
@@ -228,6 +229,7 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
             reg = register(cfg, tracker, run_id)
     timings["total_s"] = time.perf_counter() - t0
     rec.close()
+    record_in_dvc_lock(cfg, params.config_file, params.overrides, "register" if params.register_agent else "evaluate")
     create_markdown_artifact(
         f"# Training: pipeline `{cfg.name}`\n\n"
         f"Data version `{data['data_version']}`; MLflow run `{run_id}`; outputs `{cfg.out}`.\n\n"

@@ -36,27 +36,45 @@ class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(1e-4, gt=0)
+    """Learning rate of the policy (SFT uses sft.lr instead)."""
     critic_lr: float = Field(3e-4, gt=0)
+    """Learning rate of the critic (estimators with a value model: gae)."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage (0-3)."""
     micro_batch_tokens: int = Field(8192, gt=0)
+    """Token budget of one forward/backward micro-batch (gradients are accumulated over them)."""
     grad_clip: float = Field(1.0, gt=0)
+    """Gradient-norm clipping threshold."""
     ppo_epochs: int = Field(1, ge=1)
+    """Passes over each iteration's batch."""
     mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per pass (the batch is split into this many)."""
     policy_loss: str = "ppo"
+    """Policy loss, a name registered in agent_r1.algorithms (ppo, vanilla)."""
     clip_low: float = Field(0.2, ge=0)
+    """PPO ratio clip below 1 (ratio ≥ 1 - clip_low)."""
     clip_high: float = Field(0.2, ge=0)
+    """PPO ratio clip above 1 (ratio ≤ 1 + clip_high)."""
     dual_clip: float | None = 3.0
+    """Dual-clip bound on the loss of negative-advantage tokens (> 1; null disables)."""
     loss_agg: str = "token-mean"
+    """How token losses are averaged: token-mean, seq-mean-token-mean or seq-mean-token-sum."""
     kl_coef: float = Field(0.0, ge=0)  # KL to the frozen reference, added to the loss
+    """Weight of the KL penalty to the frozen reference model (0: no reference is loaded)."""
     kl_kind: str = "k3"
+    """KL estimator: k1, k2 or k3."""
     entropy_coef: float = Field(0.0, ge=0)
+    """Weight of the entropy bonus."""
     value_clip: float = Field(0.2, ge=0)
+    """Clip range of the critic's value update."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
-    # >0: train rank-r LoRA adapters on the decoder's linear layers instead of every weight
-    # (agent_r1.learner.lora; checkpoints are saved merged). RL only: SFT trains every weight.
+    """Logits are divided by it when computing log-probs for the update; keep it equal to rl.temperature."""
     lora_rank: int = Field(0, ge=0)
+    """>0: RL trains rank-r LoRA adapters on the decoder's linear layers instead of every weight (checkpoints are saved merged); SFT and the control always train every weight."""
     lora_alpha: float = Field(32.0, gt=0)
+    """LoRA scale numerator: the adapters' output is multiplied by lora_alpha / lora_rank."""
 
 
 def _ds_config(cfg: LearnerConfig) -> dict:

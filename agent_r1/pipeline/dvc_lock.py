@@ -1,0 +1,81 @@
+"""Record a whole-pipeline run (the training flow, ``agent-r1 train``) in ``dvc.lock``, so that
+``dvc repro`` of the same config finds its outputs current instead of running every stage again.
+
+DVC deletes a stage's outputs before it runs the stage, so the stages' own check for finished
+work (the fingerprint markers in :mod:`agent_r1.pipeline.stages`) never gets the chance: without
+a lock entry, ``dvc repro`` after ``make run`` would retrain SFT and RL from scratch. This is
+``dvc commit --force`` of each stage whose outputs exist (in dvc.yaml's order, stopping at the
+first that lacks one): DVC hashes the outputs into its cache and writes their hashes, with those
+of the code and params, into dvc.lock.
+
+Recorded only when the run is the one dvc.yaml describes; otherwise dvc.lock would claim outputs
+for params they were not made with: the working directory holds dvc.yaml and .dvc/, the
+pipeline is dvc.yaml's ``vars.pipeline``, read from ./pipelines.yaml without overrides, into
+``outputs/<pipeline>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import yaml
+
+from agent_r1.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def _dvc_pipeline(dvc_yaml: Path) -> str | None:
+    """The pipeline dvc.yaml runs (its ``vars: - pipeline: <name>``)."""
+    for item in (yaml.safe_load(dvc_yaml.read_text()) or {}).get("vars") or []:
+        if isinstance(item, dict) and "pipeline" in item:
+            return item["pipeline"]
+    return None
+
+
+def why_not_recorded(cfg: RunConfig, config_file: str | Path | None, overrides: list[str] | dict | None) -> str | None:
+    """Why this run's outputs may not go into dvc.lock (None: they may)."""
+    if not (Path("dvc.yaml").is_file() and Path(".dvc").is_dir()):
+        return "no dvc.yaml and .dvc/ in the working directory"
+    if overrides:
+        return "the run had overrides that pipelines.yaml does not hold"
+    if not Path("pipelines.yaml").is_file() or Path(config_file or "pipelines.yaml").resolve() != Path("pipelines.yaml").resolve():
+        return f"the config did not come from ./pipelines.yaml (dvc.yaml's params file)"
+    if _dvc_pipeline(Path("dvc.yaml")) != cfg.name:
+        return f"dvc.yaml runs pipeline {_dvc_pipeline(Path('dvc.yaml'))!r}, not {cfg.name!r}"
+    if cfg.out.resolve() != (Path("outputs") / cfg.name).resolve():
+        return f"output_dir {cfg.output_dir} is not outputs/{cfg.name}, where dvc.yaml's outputs are"
+    return None
+
+
+def record_in_dvc_lock(cfg: RunConfig, config_file: str | Path | None, overrides: list[str] | dict | None,
+                       last_stage: str = "register") -> list[str]:
+    """``dvc commit --force`` every stage of dvc.yaml up to ``last_stage`` (the last one this run
+    ran) whose outputs exist; returns their names (none when :func:`why_not_recorded` gives a
+    reason, which is logged)."""
+    reason = why_not_recorded(cfg, config_file, overrides)
+    if reason:
+        log.info("outputs not recorded in dvc.lock: %s", reason)
+        return []
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    t0, done = time.perf_counter(), []
+    try:
+        with Repo(".") as repo:
+            for stage in repo.index.stages:
+                missing = [str(out) for out in stage.outs if not out.exists]
+                if missing:
+                    log.info("dvc.lock: stage %s and later not recorded (missing %s)", stage.name, ", ".join(missing))
+                    break
+                repo.commit(stage.addressing, force=True)
+                done.append(stage.name)
+                if stage.name == last_stage:
+                    break
+    except (DvcException, OSError) as e:  # e.g. not a git checkout: the run itself succeeded
+        log.warning("outputs not recorded in dvc.lock (`dvc repro` will run the stages again): %s", e)
+    log.info("dvc.lock records stages %s (%.0f s): `dvc repro` finds them current", ", ".join(done) or "none",
+             time.perf_counter() - t0)
+    return done
