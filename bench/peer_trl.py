@@ -27,7 +27,9 @@ many turns each side ran.
   ``generation_kwargs={"max_new_tokens": ...}`` (per turn), transformers generation (no vLLM).
 
 Each side runs in its own subprocess (so peak RSS is its own): one untimed warm-up step, then
-``--steps`` timed steps. The table shows seconds per RL step (and its rollout / update parts),
+``--steps`` timed steps. The table shows seconds per RL step (and its rollout / update parts), wall and
+this process's CPU seconds (on a shared core the CPU seconds are the work done, the wall seconds
+add the waits),
 generated tokens per second of rollout, trained tokens (prompt + completion, no padding) per second
 of update, turns per episode and peak RSS; the last line is
 ``ratio_trl_over_ours_step_time: X.XX`` (> 1: ours is faster).
@@ -65,8 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--reward", choices=["em+tiebreak", "em"], default="em+tiebreak",
                    help="em: the answer's exact match alone (an untrained model almost never earns it, every group "
                         "ties, and ours skips the update of rows whose advantage is zero while TRL computes them); "
-                        "em+tiebreak (default): plus 0.01 x the share of distinct words in the last turn, so every "
-                        "row has an advantage and both sides train on every row")
+                        "em+tiebreak (default): plus 0.01 x the last turn's length in characters / 500 (at most 0.01), "
+                        "so every row has an advantage and both sides train on every row")
     p.add_argument("--sides", nargs="+", choices=["ours", "trl"], default=["ours", "trl"],
                    help="which sides to run, in this order")
     p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)  # a child process runs one side
@@ -133,9 +135,19 @@ def reward(text: str, golds: list[str], kind: str) -> float:
 
     score = answer_score(extract_answer(text), golds, "em")
     if kind == "em+tiebreak":
-        words = text.split()
-        score += 0.01 * len(set(words)) / max(len(words), 1)
+        score += 0.01 * min(len(text), 500) / 500
     return score
+
+
+def clocks() -> tuple[float, float]:
+    """(wall s, this process's CPU s): on a shared core, CPU time is the work done, wall time includes the waits."""
+    return time.perf_counter(), time.process_time()
+
+
+def phases(t0, t1, t2) -> dict:
+    """Wall and CPU seconds of the rollout (t0..t1), the update (t1..t2) and the step."""
+    return {"rollout_s": t1[0] - t0[0], "update_s": t2[0] - t1[0], "step_s": t2[0] - t0[0],
+            "rollout_cpu": t1[1] - t0[1], "update_cpu": t2[1] - t1[1], "step_cpu": t2[1] - t0[1]}
 
 
 def max_context(model) -> int:
@@ -152,7 +164,7 @@ def run_ours(args) -> dict:
     from agent_r1.envs import MultiHopQAEnv
     from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
     from agent_r1.learner import Learner, LearnerConfig
-    from agent_r1.rl import rl_iteration
+    from agent_r1.rl import annotate, rollout, update
     from agent_r1.rollout import HFEngine
 
     class StopWithoutToolCall(MultiHopQAEnv):
@@ -181,15 +193,16 @@ def run_ours(args) -> dict:
 
     gen = torch.Generator().manual_seed(args.seed)
     steps = []
-    for k in range(args.steps + 1):
-        t0 = time.perf_counter()
+    for k in range(args.steps + 1):  # agent_r1.rl.rl_iteration's three calls, each timed
         batch_tasks = tasks[k * args.questions : (k + 1) * args.questions]
-        stats, trajs = rl_iteration(learner, engine, make_env, batch_tasks, context, cfg, args.max_new_tokens,
-                                    limit, tok.pad_token_id, gen)
-        steps.append({"step_s": time.perf_counter() - t0, "rollout_s": stats["time/rollout_s"],
-                      "update_s": stats["time/update_s"], "gen_tokens": stats["action_tokens"],
-                      "train_tokens": stats["update/tokens"], "turns": stats["turns"],
-                      "reward": stats["reward_mean"]})
+        t0 = clocks()
+        trajs = rollout(engine, make_env, batch_tasks, context, cfg, args.max_new_tokens, limit)
+        t1 = clocks()
+        stats = update(learner, annotate(learner, trajs, cfg, tok.pad_token_id), gen)
+        t2 = clocks()
+        steps.append({**phases(t0, t1, t2), "gen_tokens": sum(t.num_action_tokens for t in trajs),
+                      "train_tokens": stats["update/tokens"],
+                      "turns": statistics.fmean(len(t.steps) for t in trajs)})
     return {"steps": steps[1:], "episodes": args.questions * args.group_size}
 
 
@@ -215,26 +228,23 @@ def run_trl(args) -> dict:
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
-            t0 = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
             cm = out["completion_mask"]
             sampled = cm * out["tool_mask"] if "tool_mask" in out else cm
             # turns = sampled segments: 1 + tool results inside the completion
             tool_seg = (cm * (1 - out["tool_mask"])) if "tool_mask" in out else torch.zeros_like(cm)
             starts = (tool_seg[:, 1:] > tool_seg[:, :-1]).sum() + (tool_seg[:, 0] > 0).sum()
-            steps.append({"rollout_s": time.perf_counter() - t0, "gen_tokens": int(sampled.sum()),
+            steps.append({"t1": clocks(), "gen_tokens": int(sampled.sum()),
                           "train_tokens": int(out["prompt_mask"].sum() + cm.sum()),
                           "turns": 1 + float(starts) / cm.shape[0]})
             return out
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.t0 = time.perf_counter()
+            self.t0 = clocks()
 
         def on_step_end(self, *a, **k):
-            s = steps[-1]
-            s["step_s"] = time.perf_counter() - self.t0
-            s["update_s"] = s["step_s"] - s["rollout_s"]
+            steps[-1].update(phases(self.t0, steps[-1].pop("t1"), clocks()))
 
     n = args.questions * args.group_size
     with tempfile.TemporaryDirectory() as out_dir:
@@ -269,18 +279,11 @@ def child(args) -> None:
 
 def summarize(res: dict) -> dict:
     s = res["steps"]
-    tot = {k: sum(x[k] for x in s) for k in ("step_s", "rollout_s", "update_s", "gen_tokens", "train_tokens")}
-    return {
-        "step_s": statistics.fmean(x["step_s"] for x in s),
-        "rollout_s": tot["rollout_s"] / len(s),
-        "update_s": tot["update_s"] / len(s),
-        "gen_tok_s": tot["gen_tokens"] / tot["rollout_s"],
-        "train_tok_s": tot["train_tokens"] / tot["update_s"],
-        "gen_tokens": tot["gen_tokens"] / len(s),
-        "train_tokens": tot["train_tokens"] / len(s),
-        "turns": statistics.fmean(x["turns"] for x in s),
-        "rss": res["peak_rss_mb"],
-    }
+    keys = ("step_s", "rollout_s", "update_s", "step_cpu", "rollout_cpu", "update_cpu", "gen_tokens", "train_tokens")
+    out = {k: sum(x[k] for x in s) / len(s) for k in keys}
+    out |= {"gen_tok_s": out["gen_tokens"] / out["rollout_s"], "train_tok_s": out["train_tokens"] / out["update_s"],
+            "turns": statistics.fmean(x["turns"] for x in s), "rss": res["peak_rss_mb"]}
+    return out
 
 
 def main(argv=None) -> None:
@@ -310,20 +313,24 @@ def main(argv=None) -> None:
     from rich.table import Table
 
     table = Table(title=f"GRPO step, {args.model}: Agent-R1 vs TRL {trl.__version__} (mean of {args.steps} steps)")
-    cols = [("side", None), ("s / RL step", "step_s"), ("rollout s", "rollout_s"), ("update s", "update_s"),
+    cols = [("side", None), ("s / RL step", "step_s"), ("CPU s / step", "step_cpu"), ("rollout s", "rollout_s"),
+            ("rollout CPU s", "rollout_cpu"), ("update s", "update_s"), ("update CPU s", "update_cpu"),
             ("gen tok / step", "gen_tokens"), ("gen tok/s", "gen_tok_s"), ("train tok / step", "train_tokens"),
             ("train tok/s", "train_tok_s"), ("turns / episode", "turns"), ("peak RSS MB", "rss")]
     for name, _ in cols:
         table.add_column(name, justify="left" if name == "side" else "right")
-    fmt = {"step_s": "{:.2f}", "rollout_s": "{:.2f}", "update_s": "{:.2f}", "turns": "{:.2f}"}
     for side, r in results.items():
         label = "ours (agent_r1.rl)" if side == "ours" else "TRL GRPOTrainer"
-        table.add_row(label, *(fmt.get(k, "{:,.0f}").format(r[k]) for _, k in cols[1:]))
-    Console(width=170).print(table)
+        table.add_row(label, *(("{:,.0f}" if k in ("gen_tokens", "gen_tok_s", "train_tokens", "train_tok_s", "rss")
+                                else "{:.2f}").format(r[k]) for _, k in cols[1:]))
+    Console(width=200).print(table)
+    print("wall s include the waits for a core other processes hold; CPU s (this process, 1 thread) are the work done")
     if len(results) == 2:
         o, t = results["ours"], results["trl"]
-        for phase in ("rollout_s", "update_s"):
-            print(f"ratio_trl_over_ours_{phase.removesuffix('_s')}: {t[phase] / o[phase]:.2f}")
+        for phase in ("rollout", "update", "step"):
+            print(f"ratio_trl_over_ours_{phase}_cpu: {t[phase + '_cpu'] / o[phase + '_cpu']:.2f}")
+        for phase in ("rollout", "update"):
+            print(f"ratio_trl_over_ours_{phase}: {t[phase + '_s'] / o[phase + '_s']:.2f}")
         print(f"ratio_trl_over_ours_step_time: {t['step_s'] / o['step_s']:.2f}")
 
 
