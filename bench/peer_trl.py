@@ -150,7 +150,11 @@ def phases(t0, t1, t2) -> dict:
             "rollout_cpu": t1[1] - t0[1], "update_cpu": t2[1] - t1[1], "step_cpu": t2[1] - t0[1]}
 
 
+PROMPT_TOKENS = 320  # about the longest first prompt: the system turn with the tool schema, and a question
+
+
 def max_context(model) -> int:
+    """Ours: the context limit (prompt + every turn); TRL: this less PROMPT_TOKENS for the completion."""
     return min(2048, model.config.max_position_embeddings)
 
 
@@ -253,7 +257,7 @@ def run_trl(args) -> dict:
             per_device_train_batch_size=n, gradient_accumulation_steps=1, steps_per_generation=1,
             num_generations=args.group_size, num_iterations=1, beta=0.0, learning_rate=args.lr,
             lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
-            temperature=1.0, top_p=1.0, top_k=0, max_completion_length=max_context(model) - 320,
+            temperature=1.0, top_p=1.0, top_k=0, max_completion_length=max_context(model) - PROMPT_TOKENS,
             generation_kwargs={"max_new_tokens": args.max_new_tokens},
             max_tool_calling_iterations=args.turns - 1, shuffle_dataset=False,
             max_steps=args.steps + 1, logging_steps=1, save_strategy="no", report_to="none",
@@ -272,8 +276,7 @@ def child(args) -> None:
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     res = (run_ours if args.side == "ours" else run_trl)(args)
-    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    res["threads"] = torch.get_num_threads()
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     Path(args.out).write_text(json.dumps(res))
 
 
@@ -288,6 +291,8 @@ def summarize(res: dict) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.steps < 1 or args.turns < 1:
+        sys.exit("--steps and --turns must be at least 1")
     if args.side:
         return child(args)
     if not have_trl():
