@@ -97,7 +97,6 @@ def main(argv=None) -> None:
             times[name].append(dt)
             stats[name], ids[(name, r)] = engines[name].stats(), sampled
     pairs = [(name, name.replace("reuse", "full prefill")) for name in engines if name.startswith("reuse")]
-    same = all(ids[(a, r)] == ids[(b, r)] for a, b in pairs for r in range(args.repeats))
 
     from rich.console import Console
     from rich.table import Table
@@ -112,10 +111,11 @@ def main(argv=None) -> None:
         table.add_row(name, f"{stats[name]['prefill_tokens'] / n:.0f}", f"{stats[name]['prefill_reused_share']:.2f}",
                       f"{t / n:.3f}", f"{t / args.turns:.1f}")
     Console(width=140).print(table)
-    print(f"same sampled ids with and without reuse: {same}")
     for a, b in pairs:
-        tag = a.removeprefix("reuse").removeprefix(", ").replace("-", "")
+        tag = a.removeprefix("reuse").removeprefix(", ")
         suffix = f"_{tag}" if tag else ""
+        same = all(ids[(a, r)] == ids[(b, r)] for r in range(args.repeats))
+        print(f"same sampled ids with and without reuse{f' ({tag})' if tag else ''}: {same}")
         print(f"ratio_prefill_tokens_full_over_reuse{suffix}: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
         print(f"ratio_wall_full_over_reuse{suffix}: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
 
