@@ -38,6 +38,7 @@ of update, turns per episode and peak RSS; the last line is
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -77,11 +78,7 @@ def parse_args(argv=None):
 
 
 def have_trl() -> bool:
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("trl") is not None
 
 
 # ------------------------------------------------------------------------------ the shared setup
