@@ -37,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
+                   help="compute precision(s) of the engine (bf16 autocast); each adds a reuse and a full-prefill row")
     return p.parse_args(argv)
 
 
@@ -80,8 +82,13 @@ def main(argv=None) -> None:
     docs = [f"(1) {t}: {x}" for t, x in zip(world.corpus["title"][:64], world.corpus["text"][:64])]
     cm = ContextManager(tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    engines = {"reuse": HFEngine(model, tok, reuse_kv=True), "full prefill": HFEngine(model, tok, reuse_kv=False)}
-    episodes(engines["reuse"], cm, prompts[:2], docs, 2, params, args.seed)  # warm-up
+    engines = {}
+    for prec in args.precisions:
+        tag = "" if args.precisions == ["fp32"] else f", {prec}"
+        engines[f"reuse{tag}"] = HFEngine(model, tok, reuse_kv=True, precision=prec)
+        engines[f"full prefill{tag}"] = HFEngine(model, tok, reuse_kv=False, precision=prec)
+    for eng in engines.values():
+        episodes(eng, cm, prompts[:2], docs, 2, params, args.seed)  # warm-up
     times = {k: [] for k in engines}
     stats, ids = {}, {}
     for r in range(args.repeats):
@@ -89,7 +96,7 @@ def main(argv=None) -> None:
             dt, sampled = episodes(engines[name], cm, prompts, docs, args.turns, params, args.seed + r)
             times[name].append(dt)
             stats[name], ids[(name, r)] = engines[name].stats(), sampled
-    same = all(ids[("reuse", r)] == ids[("full prefill", r)] for r in range(args.repeats))
+    pairs = [(name, name.replace("reuse", "full prefill")) for name in engines if name.startswith("reuse")]
 
     from rich.console import Console
     from rich.table import Table
@@ -104,9 +111,13 @@ def main(argv=None) -> None:
         table.add_row(name, f"{stats[name]['prefill_tokens'] / n:.0f}", f"{stats[name]['prefill_reused_share']:.2f}",
                       f"{t / n:.3f}", f"{t / args.turns:.1f}")
     Console(width=140).print(table)
-    print(f"same sampled ids with and without reuse: {same}")
-    print(f"ratio_prefill_tokens_full_over_reuse: {stats['full prefill']['prefill_tokens'] / stats['reuse']['prefill_tokens']:.2f}")
-    print(f"ratio_wall_full_over_reuse: {statistics.median(times['full prefill']) / statistics.median(times['reuse']):.2f}")
+    for a, b in pairs:
+        tag = a.removeprefix("reuse").removeprefix(", ")
+        suffix = f"_{tag}" if tag else ""
+        same = all(ids[(a, r)] == ids[(b, r)] for r in range(args.repeats))
+        print(f"same sampled ids with and without reuse{f' ({tag})' if tag else ''}: {same}")
+        print(f"ratio_prefill_tokens_full_over_reuse{suffix}: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
+        print(f"ratio_wall_full_over_reuse{suffix}: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
     python bench/learner.py                                # tiny default + hidden 384 / 6 layers
     python bench/learner.py --models tiny --batch 16 --seq 512 --threads 1 2
     python bench/learner.py --models 256,4,4,2,768 --steps 3 --repeats 5 --profile
+    python bench/learner.py --models smollm2 --precisions fp32 bf16 --batch 4 --threads 1   # SmolLM2-135M
 
 For each model (``tiny`` = ``TinyModelConfig`` defaults; ``h384l6`` = hidden 384, 6 layers, 6/2
-heads, ffn 1024; or ``HIDDEN,LAYERS,HEADS,KV_HEADS,FFN``) the script builds the offline model and
-tokenizer, packs ``--batch`` sequences of exactly ``--seq`` tokens of corpus text (so there is no
+heads, ffn 1024; or ``HIDDEN,LAYERS,HEADS,KV_HEADS,FFN``; or ``smollm2`` = the packaged
+SmolLM2-135M-Instruct with its own tokenizer) the script builds the model and tokenizer, packs ``--batch`` sequences of exactly ``--seq`` tokens of corpus text (so there is no
 padding; the loss mask covers every token after a ``--prompt``-token prefix), wraps the model in
 ``Learner(model, LearnerConfig())`` (DeepSpeed, ZeRO 0, AdamW, grad clipping) and times
 ``sft_step(batch)`` = forward + backward + optimizer step. The batch is one micro-batch when
@@ -21,8 +22,11 @@ its matmul is real work; the embedding lookup is not), L layers, d hidden size, 
 (the attention score/value matmuls, counted as if not causal). All tokens of the batch count,
 including the prompt prefix (they go through forward and backward too).
 
-The reference rate is a large fp32 ``torch.matmul`` (``--mm`` x ``--mm`` @ ``--mm`` x ``--mm``,
-2 mm^3 FLOPs each) measured in the same process with the same thread count, right before and right
+``--precisions fp32 bf16`` times each model under each compute precision (the learner's
+``precision``: bf16 autocast, fp32 master weights and optimizer state).
+
+The reference rate is a large ``torch.matmul`` of the row's dtype (``--mm`` x ``--mm`` @ ``--mm`` x
+``--mm``, 2 mm^3 FLOPs each; bf16 operands for a bf16 row) measured in the same process with the same thread count, right before and right
 after each model's timing; MFU = achieved FLOP/s / median matmul FLOP/s. On a shared machine the
 two matmul measurements show how much the load moved while the model was timed.
 
@@ -68,6 +72,7 @@ from agent_r1.data.synthetic import WorldConfig, generate
 from agent_r1.models import TinyModelConfig, build_tiny_model, train_tokenizer
 from agent_r1.trajectory import Sequence, collate
 
+SMOLLM2 = "smollm2"  # the packaged SmolLM2-135M-Instruct (agent_r1.models.load_model)
 PRESETS = {
     "tiny": TinyModelConfig(),
     "h384l6": TinyModelConfig(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1024),
@@ -75,8 +80,8 @@ PRESETS = {
 
 
 def parse_model(spec: str) -> tuple[str, TinyModelConfig]:
-    if spec in PRESETS:
-        return spec, PRESETS[spec]
+    if spec in PRESETS or spec == SMOLLM2:
+        return spec, PRESETS.get(spec)
     h, l, nh, kv, ffn = (int(x) for x in spec.split(","))
     return f"h{h}l{l}", TinyModelConfig(hidden_size=h, num_layers=l, num_heads=nh, num_kv_heads=kv, intermediate_size=ffn)
 
@@ -84,7 +89,9 @@ def parse_model(spec: str) -> tuple[str, TinyModelConfig]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["tiny", "h384l6"],
-                   help="presets (tiny, h384l6) or HIDDEN,LAYERS,HEADS,KV_HEADS,FFN")
+                   help="presets (tiny, h384l6, smollm2) or HIDDEN,LAYERS,HEADS,KV_HEADS,FFN")
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
+                   help="the learner's compute precision(s); each row's MFU is against a matmul of the same dtype")
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (packed, no padding)")
     p.add_argument("--prompt", type=int, default=32, help="leading tokens of each sequence outside the loss mask")
@@ -113,9 +120,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def matmul_flops(n: int, reps: int) -> float:
-    """Median FLOP/s of an n x n @ n x n fp32 matmul (after one warm-up)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
+    """Median FLOP/s of an n x n @ n x n matmul of ``dtype`` (after one warm-up)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     rates = []
     for _ in range(reps):
@@ -222,7 +229,7 @@ def main(argv=None) -> None:
     world = generate(WorldConfig(seed=args.seed))
     texts = list(world.corpus["text"]) + list(world.corpus["title"]) + list(world.questions["question"])
     tok = train_tokenizer(texts, vocab_size=TinyModelConfig().vocab_size)
-    batch = make_batch(tok, texts, args.batch, args.seq, args.prompt)
+    batch = tiny_batch = make_batch(tok, texts, args.batch, args.seq, args.prompt)
     tokens = args.batch * args.seq
     console.print(
         f"machine: {platform.machine()}, os.cpu_count()={os.cpu_count()}, torch {torch.__version__}, "
@@ -236,19 +243,28 @@ def main(argv=None) -> None:
     snap = cpu_snapshot()
     for spec in args.models:
         name, cfg = parse_model(spec)
-        cfg = cfg.model_copy(update={"max_position_embeddings": max(cfg.max_position_embeddings, args.seq)})
-        model = build_tiny_model(cfg, tok, seed=args.seed)
+        batch = tiny_batch
+        if cfg is None:  # smollm2
+            from agent_r1.models import load_model
+
+            model, smol_tok = load_model("smollm2-135m-instruct", device="cpu")
+            batch = make_batch(smol_tok, texts, args.batch, args.seq, args.prompt)
+        else:
+            cfg = cfg.model_copy(update={"max_position_embeddings": max(cfg.max_position_embeddings, args.seq)})
+            model = build_tiny_model(cfg, tok, seed=args.seed)
         plain_copy = copy.deepcopy(model) if args.breakdown else None
         lcfg = LearnerConfig(micro_batch_tokens=args.micro_batch_tokens, zero_stage=args.zero_stage)
         learner = Learner(model, lcfg)
         fpt, n_mm = model_flops_per_token(learner.model, args.seq)
         step_flops = fpt * tokens
-        for threads in args.threads:
+        for threads, precision in ((t, p) for t in args.threads for p in args.precisions):
             torch.set_num_threads(threads)
+            learner.precision = precision
+            mm_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
             for _ in range(args.warmup):
                 learner.sft_step(batch)
             s0 = cpu_snapshot()
-            mm_before = matmul_flops(args.mm, args.mm_reps)
+            mm_before = matmul_flops(args.mm, args.mm_reps, mm_dtype)
             times, quiet = [], []
             for _ in range(args.repeats):
                 r0 = cpu_snapshot()
@@ -259,23 +275,23 @@ def main(argv=None) -> None:
             all_times = times
             times = [t for t, q in zip(times, quiet) if q] or times  # the quiet repeats when there are any
             contended_rows += not any(quiet)
-            mm_after = matmul_flops(args.mm, args.mm_reps)
+            mm_after = matmul_flops(args.mm, args.mm_reps, mm_dtype)
             others = others_cores(s0)
             probe = elementwise_probe()
             step = statistics.median(times)
             mm = statistics.median([mm_before, mm_after])
             achieved = step_flops / step
             main_rows.append([
-                name, f"{n_mm / 1e6:.2f}M", str(threads), f"{step:.3f}", f"{min(all_times):.3f}-{max(all_times):.3f} ({sum(quiet)}/{len(quiet)})",
+                name, precision, f"{n_mm / 1e6:.2f}M", str(threads), f"{step:.3f}", f"{min(all_times):.3f}-{max(all_times):.3f} ({sum(quiet)}/{len(quiet)})",
                 f"{tokens / step:,.0f}", f"{step_flops / 1e9:.1f}", f"{achieved / 1e9:.1f}",
                 f"{mm_before / 1e9:.0f} / {mm_after / 1e9:.0f}", f"{100 * achieved / mm:.0f}%", f"{others:.2f}", f"{probe:.0f}",
             ])
-            console.print(f"{name}, {threads} threads: done ({time.perf_counter() - t_start:.0f} s)")
+            console.print(f"{name}, {precision}, {threads} threads: done ({time.perf_counter() - t_start:.0f} s)")
             worst_probe = max(worst_probe, probe)
             over = time.perf_counter() - t_start > args.budget_s
             if over:
                 console.print(f"time budget of {args.budget_s:.0f} s spent: skipping the breakdown/profile of {name}")
-            if args.breakdown and not over:
+            if args.breakdown and not over and precision == args.precisions[0]:
                 b0 = cpu_snapshot()
                 ds = breakdown(learner, batch, args.breakdown_reps)
                 pt = plain_torch(plain_copy, batch, args.breakdown_reps, lcfg.lr, lcfg.grad_clip)
@@ -299,7 +315,7 @@ def main(argv=None) -> None:
         del learner, model, plain_copy
 
     table = Table(title=f"Learner.sft_step throughput (median over quiet repeats of {args.steps} step(s) each)")
-    for col in ("model", "N (6N term)", "threads", "step s", "min-max (quiet/all repeats)", "tokens/s", "GFLOP/step",
+    for col in ("model", "dtype", "N (6N term)", "threads", "step s", "min-max (quiet/all repeats)", "tokens/s", "GFLOP/step",
                 "GFLOP/s", "matmul GFLOP/s before / after", "MFU vs matmul", "other procs' cores", "1M mul_ us"):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in main_rows:
@@ -321,9 +337,9 @@ def main(argv=None) -> None:
         console.print(f"NOTE: {contended_rows} row(s) had another process using >= {args.quiet} cores in every "
                       "repeat; their step times are from a contended machine.")
         msg = msg or "contended"
-    mfus = ", ".join(f"{r[0]} ({r[2]} threads) {r[9]}" for r in main_rows)
+    mfus = ", ".join(f"{r[0]} {r[1]} ({r[3]} threads) {r[10]}" for r in main_rows)
     verdict = f"not judged: see the warning/note ({mfus})" if msg else mfus
-    console.print(f"issue goal: MFU >= 40% of the fp32 matmul rate -> {verdict}")
+    console.print(f"issue goal: MFU >= 40% of the same-dtype matmul rate -> {verdict}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python bench/rollout.py                       # default tiny model, N=64, batch sizes 16/32/64
     python bench/rollout.py --hidden 384 --layers 6 --heads 6 --kv-heads 2 --ffn 1024
     python bench/rollout.py --n 32 --batch-sizes 8 32 --repeats 5 --threads 1
+    python bench/rollout.py --model smollm2 --precisions fp32 bf16 --n 16 --serial-n 4 --batch-sizes 16 --threads 1
 
 Builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
 tokenizer trained on the synthetic QA world's text, and N contexts of 100-200 tokens (varied
@@ -18,6 +19,10 @@ An untrained model rarely samples the end-of-turn token, so by default both mode
 fixed length (``generation_config.min_new_tokens = max_new_tokens``, which masks eos until then):
 the token counts of both modes are then equal and exactly N x max_new_tokens. ``--no-force-length``
 lets eos end a sequence early (counted tokens stop at eos, inclusive).
+
+``--model smollm2`` runs the packaged SmolLM2-135M-Instruct (its own tokenizer) instead of the
+tiny model; ``--precisions fp32 bf16`` adds the HFEngine rows once per compute precision (bf16
+autocast; mode B stays fp32).
 
 Extra rows: ``B'`` runs HFEngine with max_batch_size=1 (the engine's own per-episode cost, with
 its log-probs); ``sorted by length`` feeds HFEngine the same N contexts sorted by length so
@@ -75,6 +80,10 @@ from agent_r1.rollout.engine import HFEngine, SamplingParams
 def parse_args(argv=None):
     d = TinyModelConfig()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                   help="the tiny from-scratch model (sized by the model flags) or SmolLM2-135M-Instruct")
+    p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
+                   help="HFEngine compute precision(s); each adds its own engine rows")
     p.add_argument("--n", type=int, default=64, help="number of contexts / episodes for mode A")
     p.add_argument("--serial-n", type=int, default=16,
                    help="contexts run one at a time for mode B per repeat (a subset of the N; its rate is per episode)")
@@ -158,8 +167,18 @@ def main(argv=None) -> None:
     )
     world = generate(WorldConfig(seed=args.seed))
     texts = list(world.corpus["text"]) + list(world.corpus["title"]) + list(world.questions["question"])
-    tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
-    model = build_tiny_model(cfg, tok, seed=args.seed).eval()
+    if args.model == "smollm2":
+        from agent_r1.models import load_model
+
+        model, tok = load_model("smollm2-135m-instruct", device="cpu")
+        model.eval()
+        c = model.config
+        cfg = TinyModelConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
+                              num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+                              intermediate_size=c.intermediate_size)  # only to print its shape
+    else:
+        tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
+        model = build_tiny_model(cfg, tok, seed=args.seed).eval()
     if not args.no_force_length:
         model.generation_config.min_new_tokens = args.max_new_tokens
     contexts = make_contexts(tok, texts, args.n, args.min_ctx, args.max_ctx, args.seed)
@@ -171,7 +190,7 @@ def main(argv=None) -> None:
     print(
         f"machine: {platform.machine()}, os.cpu_count()={os.cpu_count()}, torch {torch.__version__}, "
         f"threads={torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
-        f"1M-float mul_: {elementwise_probe():.0f} us\nmodel: hidden={cfg.hidden_size} layers={cfg.num_layers} "
+        f"1M-float mul_: {elementwise_probe():.0f} us\nmodel: {args.model} hidden={cfg.hidden_size} layers={cfg.num_layers} "
         f"heads={cfg.num_heads}/{cfg.num_kv_heads} ffn={cfg.intermediate_size} vocab={len(tok)} "
         f"params={n_par / 1e6:.2f}M\ncontexts: N={len(contexts)} lengths {min(lens)}-{max(lens)} "
         f"(mean {sum(lens) / len(lens):.0f}); max_new_tokens={args.max_new_tokens}, "
@@ -183,8 +202,8 @@ def main(argv=None) -> None:
         print(msg, flush=True)
 
     # (label, batch size shown, episodes, fn -> generated tokens)
-    def engine_run(bs, ctxs):
-        eng = HFEngine(model, tok, max_batch_size=bs, reuse_kv=False)
+    def engine_run(bs, ctxs, precision="fp32"):
+        eng = HFEngine(model, tok, max_batch_size=bs, reuse_kv=False, precision=precision)
         if not args.no_force_length:
             eng.eos_id = -1  # no token ends a turn: every row runs max_new_tokens, as mode B's min_new_tokens
 
@@ -198,9 +217,12 @@ def main(argv=None) -> None:
     if args.engine_bs1:
         modes.append(("B': HFEngine, max_batch_size=1", "1", len(serial), engine_run(1, serial)))
     for bs in args.batch_sizes:
-        modes.append(("A: HFEngine batched", str(bs), len(contexts), engine_run(bs, contexts)))
-        if args.sorted:
-            modes.append(("A: HFEngine batched, sorted by length", str(bs), len(contexts), engine_run(bs, sorted_ctx)))
+        for prec in args.precisions:
+            tag = "" if args.precisions == ["fp32"] else f", {prec}"
+            modes.append((f"A: HFEngine batched{tag}", str(bs), len(contexts), engine_run(bs, contexts, prec)))
+            if args.sorted:
+                modes.append((f"A: HFEngine batched, sorted by length{tag}", str(bs), len(contexts),
+                              engine_run(bs, sorted_ctx, prec)))
 
     # warm-up (first-call allocations, lazy imports)
     HFEngine(model, tok, max_batch_size=4).generate(contexts[:4], params)

@@ -1,0 +1,40 @@
+"""bench/peer_trl.py: its help runs without TRL; with TRL installed, the ours side runs one RL step."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "peer_trl.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("peer_trl", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_help_runs_and_names_the_ratio():
+    out = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, check=True).stdout
+    assert "ratio_trl_over_ours_step_time" in out
+    assert "--model" in out
+
+
+@pytest.mark.slow
+def test_ours_side_runs_one_step_on_the_tiny_model():
+    pytest.importorskip("trl")  # the shared chat template is TRL's
+    bench = _load()
+    args = Namespace(model="tiny", steps=1, questions=1, group_size=2, max_new_tokens=8, turns=2, lr=1e-5, seed=0,
+                     reward="em+tiebreak")
+    res = bench.run_ours(args)
+    (step,) = res["steps"]  # the warm-up step is left out
+    assert res["episodes"] == 2
+    assert step["gen_tokens"] > 0 and step["train_tokens"] > 0  # the tie-breaker gives every row an advantage
+    assert step["rollout_s"] > 0 and step["update_s"] > 0
+    assert 1 <= step["turns"] <= 2
