@@ -12,6 +12,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -86,8 +87,31 @@ class SFTConfig(_Strict):
     checkpoint_every: int = Field(500, ge=1)  # optimizer steps between resumable states
 
 
+def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True) -> str:
+    """The name an RL method's results are reported under: the estimator's report name (gae →
+    ``ppo``), with ``_no_loss_mask`` or ``_no_adv_mask`` for an ablated mask."""
+    name = ADVANTAGES[algorithm].report_name if algorithm in ADVANTAGES else algorithm
+    if not loss_mask:
+        return f"{name}_no_loss_mask"
+    if not adv_mask:
+        return f"{name}_no_adv_mask"
+    return name
+
+
+def parse_method(method: str) -> dict:
+    """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``."""
+    masks = {"loss_mask": True, "adv_mask": True}
+    for suffix, key in (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask")):
+        if method.endswith(suffix):
+            method, masks[key] = method[: -len(suffix)], False
+    algorithm = {e.report_name: name for name, e in ADVANTAGES.items()}.get(method, method)
+    return {"algorithm": algorithm, **masks}
+
+
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
+    # the estimator's own settings (its keyword-only parameters), e.g. {whiten: false}
+    advantage_settings: dict[str, bool | int | float | str] = {}
     # Which questions RL trains on: every training question with one of `hops`, plus the
     # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
     hops: list[PositiveInt] = [2]
@@ -106,6 +130,11 @@ class RLConfig(_Strict):
     init_from: str | None = None
     checkpoint_every: int = Field(10, ge=1)  # iterations between resumable states
     learner: LearnerConfig = LearnerConfig()
+
+    @property
+    def method(self) -> str:
+        """The name this RL method's results are reported under (see :func:`method_name`)."""
+        return method_name(self.algorithm, self.loss_mask, self.adv_mask)
 
 
 class EvalConfig(_Strict):
@@ -169,14 +198,26 @@ class RunConfig(_Strict):
         return Path(self.output_dir)
 
 
+def _estimator_problems(cfg: RunConfig) -> list[str]:
+    """The estimator(s) exist, get the groups they need, and take the settings given."""
+    if cfg.rl.algorithm not in ADVANTAGES:
+        return [f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}"]
+    out = []
+    algorithms = {cfg.rl.algorithm} | {parse_method(m)["algorithm"] for m in cfg.methods}
+    for est in (ADVANTAGES[a] for a in sorted(algorithms) if a in ADVANTAGES):
+        if est.needs_groups and cfg.rl.group_size < 2:
+            out.append(f"rl.group_size: estimator {est.name!r} compares the samples of a task; "
+                       f"it needs group_size >= 2, got {cfg.rl.group_size}")
+        unknown = sorted(set(cfg.rl.advantage_settings) - set(est.settings))
+        if unknown:
+            out.append(f"rl.advantage_settings: estimator {est.name!r} has no setting(s) {unknown}; "
+                       f"its settings: {sorted(est.settings) or 'none'}")
+    return out
+
+
 def _choice_problems(cfg: RunConfig) -> list[str]:
     """Names that must be in a registry or a known set: estimators, methods, question types."""
-    from agent_r1.algorithms import ADVANTAGES
-    from agent_r1.rl import parse_method
-
-    out = []
-    if cfg.rl.algorithm not in ADVANTAGES:
-        out.append(f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}")
+    out = _estimator_problems(cfg)
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in ADVANTAGES:
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
@@ -245,8 +286,6 @@ def _tiny_problems(cfg: RunConfig) -> list[str]:
 
 
 def _learner_problems(cfg: RunConfig) -> list[str]:
-    from agent_r1.algorithms import AGG_MODES, KL_KINDS, POLICY_LOSSES
-
     lc = cfg.rl.learner
     out = _finite("rl.learner", lc)
     for key, known in (("policy_loss", sorted(POLICY_LOSSES)), ("loss_agg", AGG_MODES), ("kl_kind", KL_KINDS)):

@@ -7,7 +7,7 @@ from agent_r1.config import RLConfig
 from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
-from agent_r1.rl import annotate
+from agent_r1.pipeline.rl_driver import annotate
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
@@ -226,7 +226,7 @@ class FailingEnv(TurnsEnv):
 
 
 def test_an_episode_whose_env_fails_is_ended_and_marked_and_the_batch_goes_on(tok, make_model, frozen_learner):
-    from agent_r1.rl import rollout_stats
+    from agent_r1.pipeline.rl_driver import rollout_stats
 
     engine = RecordingEngine(make_model(seed=4), tok)
     tasks = [{"id": "ok", "prompt": "go", "turns": 3}, {"id": "step", "prompt": "go", "turns": 3, "fail_step": 2},
