@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES
+from agent_r1.data.synthetic import QTYPES, WorldConfig
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -21,22 +22,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+_WORLD = WorldConfig()  # the synthetic world's defaults: declared once, in WorldConfig
+
+
 class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa"] = "synthetic"
     path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
-    # synthetic world (see agent_r1.data.synthetic.WorldConfig)
-    seed: int = 0
-    n_films: int = Field(2400, ge=4)
-    n_directors: int = Field(800, ge=2)
-    n_studios: int = Field(20, ge=2)
-    n_cities: int = Field(24, ge=2)
-    heldout_fraction: float = Field(0.25, gt=0, lt=1)
-    questions_per_type: int | None = Field(None, ge=1)  # None: one question per eligible entity
-    name_words: Literal[1, 2] = 2  # words per entity name (1: a bigger single-word inventory)
+    # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
+    seed: int = _WORLD.seed
+    n_films: int = Field(_WORLD.n_films, ge=4)
+    n_directors: int = Field(_WORLD.n_directors, ge=2)
+    n_studios: int = Field(_WORLD.n_studios, ge=2)
+    n_cities: int = Field(_WORLD.n_cities, ge=2)
+    heldout_fraction: float = Field(_WORLD.heldout_fraction, gt=0, lt=1)
+    questions_per_type: int | None = Field(_WORLD.questions_per_type, ge=1)  # None: one question per eligible entity
+    name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
 
-    def world(self):
-        from agent_r1.data.synthetic import WorldConfig
-
+    def world(self) -> WorldConfig:
         return WorldConfig(**self.model_dump(exclude={"source", "path"}))
 
 
@@ -225,8 +227,6 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
     if cfg.data.source == "synthetic":
-        from agent_r1.data.synthetic import QTYPES
-
         for key, names in (("sft.qtypes", cfg.sft.qtypes), ("sft.scarce", cfg.sft.scarce), ("rl.qtypes", cfg.rl.qtypes)):
             unknown = sorted(set(names) - set(QTYPES))
             if unknown:
@@ -241,8 +241,6 @@ def _hop_problems(cfg: RunConfig) -> list[str]:
     """Hop counts with no questions in the data source (they would fail, or select nothing, late).
     HotpotQA questions all have two hops: there a list fails only if it selects none."""
     if cfg.data.source == "synthetic":
-        from agent_r1.data.synthetic import QTYPES
-
         available = sorted({hops for hops, _, _ in QTYPES.values()})
         lists = {"sft.hops": cfg.sft.hops, "rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(set(hops) - set(available)) for key, hops in lists.items()}

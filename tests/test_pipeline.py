@@ -267,3 +267,11 @@ def test_a_single_hotpotqa_file_prepares_a_test_split_only(tmp_path):
     info = stages.prepare(cfg)
     assert info["test_questions"] == 300 and "train_questions" not in info
     assert not (tmp_path / "data" / "train.parquet").exists()
+
+
+def test_a_tiny_vocabulary_the_text_cannot_fill_is_rejected(tmp_path):
+    cfg = tiny_cfg(tmp_path, "model.tiny.vocab_size=4096")  # 24 films give ~720 BPE tokens
+    stages.prepare(cfg)
+    with pytest.raises(ConfigError, match=r"model.tiny.vocab_size: 4096 tokens asked, .* only \d+ .* at most \d+"):
+        stages.sft(cfg)
+    assert not (cfg.out / "checkpoints" / "sft").exists()

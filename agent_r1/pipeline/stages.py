@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from agent_r1.config import RunConfig
+from agent_r1.config import ConfigError, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
-from agent_r1.models import build_tiny_model, load_model
+from agent_r1.models import TAGS, build_tiny_model, load_model
 from agent_r1.pipeline.control import control
 from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
@@ -58,6 +58,17 @@ def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
     return info
 
 
+def _check_vocabulary(cfg: RunConfig, tokenizer) -> None:
+    """The tiny model's tokenizer got the ``model.tiny.vocab_size`` BPE tokens asked for (BPE
+    stops early when the task's text has no pair left to merge)."""
+    if cfg.model.name_or_path:
+        return
+    got = len(tokenizer) - len(TAGS)  # the tool-call and answer tags are added after BPE
+    if got < cfg.model.tiny.vocab_size:
+        raise ConfigError(f"model.tiny.vocab_size: {cfg.model.tiny.vocab_size} tokens asked, but the task's text "
+                          f"gives the tokenizer only {got} (no pair left to merge); set it to at most {got}")
+
+
 def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None) -> Path:
     """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``."""
     progress = progress or Progress.null()
@@ -77,6 +88,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
     else:
         model, tokenizer = initial_model(cfg, data_dir, search)
+        _check_vocabulary(cfg, tokenizer)
         if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
             from agent_r1.learner import save_hf_checkpoint
 
