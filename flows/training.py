@@ -133,7 +133,20 @@ def finish_rl(trainer: RLTrainer) -> Path:
 
 
 class TaskRunner(Runner):
-    """The pipeline's stage sequence and RL loop with each stage and each RL phase a Prefect task."""
+    """The pipeline's stage sequence and RL loop with each stage and each RL phase a Prefect task.
+
+    Prefect links a task's inputs to the task that returned them by ``id()`` (for lists and
+    dicts, which it cannot weak-reference: prefect issue 20558), so a result freed early lets a
+    later object reuse its id and be linked to the wrong task. The runner holds each phase's
+    last result until the next iteration's replaces it.
+    """
+
+    def __init__(self):
+        self._held: dict[str, Any] = {}
+
+    def _hold(self, key: str, value):
+        self._held[key] = value
+        return value
 
     def stage(self, name, fn, *args, **kwargs):
         return stage_task(name, fn)(*args, **kwargs)
@@ -142,19 +155,20 @@ class TaskRunner(Runner):
         return start_rl(open_trainer, cfg, stage_log, tracker)
 
     def rollout(self, trainer):
-        return rollout(trainer)
+        return self._hold("trajs", rollout(trainer))
 
     # opaque: link the tasks without Prefect walking every token id of every trajectory
     def annotate(self, trainer, trajs):
-        return annotate(trainer, opaque(trajs))
+        return self._hold("batch", annotate(trainer, opaque(trajs)))
 
     def update(self, trainer, batch):
-        return update(trainer, opaque(batch))
+        return self._hold("stats", update(trainer, opaque(batch)))
 
     def end_iteration(self, trainer, trajs, stats):
-        return end_iteration(trainer, opaque(trajs), stats)
+        return self._hold("stats", end_iteration(trainer, opaque(trajs), stats))
 
     def rl_finish(self, trainer):
+        self._held.clear()
         return finish_rl(trainer)
 
 
