@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from agent_r1.algorithms import register_advantage, unregister
+from agent_r1.algorithms import ADVANTAGES, POLICY_LOSSES, register_advantage, register_policy_loss, vanilla_pg_loss
 from agent_r1.config import ConfigError, RLConfig, load_config, parse_overrides
 from agent_r1.context import ContextManager
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
@@ -142,11 +142,17 @@ CALLS = []
 
 @pytest.fixture
 def centred_estimator():
-    """An estimator registered by this test module alone: ``scale * (score - group mean)``."""
+    """An estimator and a policy loss registered by this test module alone: the estimator is
+    ``scale * (score - group mean)``, the loss the vanilla one, recording its settings."""
+
+    @register_policy_loss("test_vanilla", settings=("clip_low",))
+    def loss(logprobs, old_logprobs, advantages, mask, agg, clip_low):
+        CALLS.append(("loss", agg, clip_low))
+        return vanilla_pg_loss(logprobs, old_logprobs, advantages, mask, agg)
 
     @register_advantage("test_centred", needs_groups=True, report_name="centred")
     def centred(inp, *, scale: float = 1.0):
-        CALLS.append(scale)
+        CALLS.append(("advantage", scale))
         m = inp.mask.bool()
         scores = torch.where(m, inp.token_rewards, 0).sum(-1)
         means = torch.stack([scores[inp.group_ids == g].mean() for g in inp.group_ids])
@@ -154,10 +160,10 @@ def centred_estimator():
         return adv, adv
 
     yield "test_centred"
-    unregister("test_centred")
+    del ADVANTAGES["test_centred"], POLICY_LOSSES["test_vanilla"]
 
 
-def test_a_registered_estimator_needs_no_edit_to_run(centred_estimator, tok, make_model, tmp_path):
+def test_a_registered_estimator_and_loss_need_no_edit_to_run(centred_estimator, tok, make_model, tmp_path):
     # the config knows it, its settings and what it needs, from its registry entry
     def cfg(*overrides):
         return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *overrides]))
@@ -171,10 +177,11 @@ def test_a_registered_estimator_needs_no_edit_to_run(centred_estimator, tok, mak
 
     # and the driver runs an iteration with it
     CALLS.clear()
-    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2))
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2, policy_loss="test_vanilla", clip_low=0.3))
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     trainer = _trainer(learner, tok, c.rl.model_copy(update={"group_size": 4, "tasks_per_iteration": 2}))
     assert trainer.method == "centred" and learner.critic is None
     stats = trainer.step()
-    assert CALLS == [2.0] and stats["iteration"] == 1 and "policy/pg_loss" in stats
+    assert CALLS[0] == ("advantage", 2.0) and set(CALLS[1:]) == {("loss", "token-mean", 0.3)}
+    assert stats["iteration"] == 1 and "policy/pg_loss" in stats
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())

@@ -32,7 +32,6 @@ from agent_r1.algorithms.registry import (
     get_policy_loss,
     register_advantage,
     register_policy_loss,
-    unregister,
 )
 
 __all__ = [
@@ -60,7 +59,6 @@ __all__ = [
     "reinforce_pp_baseline",
     "rloo",
     "step_gae",
-    "unregister",
     "vanilla_pg_loss",
     "value_loss",
 ]

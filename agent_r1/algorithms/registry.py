@@ -102,12 +102,6 @@ def register_policy_loss(name: str, *, settings: tuple[str, ...] = ()) -> Callab
     return decorator
 
 
-def unregister(name: str) -> None:
-    """Remove an estimator or a policy loss registered as ``name`` (e.g. one a test added)."""
-    ADVANTAGES.pop(name, None)
-    POLICY_LOSSES.pop(name, None)
-
-
 def get_advantage(name: str) -> Estimator:
     """The advantage estimator registered as `name` (callable like its function); KeyError
     listing the known names otherwise."""
