@@ -166,7 +166,8 @@ class RLTrainer:
             self.iteration, self.history = client["step"], client["history"]
             self.rng.set_state(client["rng"])
             torch.set_rng_state(client["torch_rng"])
-            log.info("rl: resuming after iteration %d from %s", self.iteration, files.state)
+            log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,
+                     files.state)
         self._t0 = time.perf_counter()
 
     @classmethod
