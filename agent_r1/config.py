@@ -12,6 +12,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
+from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES
+from agent_r1.data.synthetic import QTYPES, WorldConfig
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -20,32 +22,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+_WORLD = WorldConfig()  # the synthetic world's defaults: declared once, in WorldConfig
+
+
 class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa"] = "synthetic"
     """Where the questions come from: a generated synthetic world, or HotpotQA files (`data.path`)."""
     path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
     """HotpotQA only: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only)."""
-    # synthetic world (see agent_r1.data.synthetic.WorldConfig)
-    seed: int = 0
+    # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
+    seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
-    n_films: int = Field(2400, ge=4)
+    n_films: int = Field(_WORLD.n_films, ge=4)
     """Films in the synthetic world (both sub-worlds together)."""
-    n_directors: int = Field(800, ge=2)
+    n_directors: int = Field(_WORLD.n_directors, ge=2)
     """Directors in the synthetic world (each also gets a spouse)."""
-    n_studios: int = Field(20, ge=2)
+    n_studios: int = Field(_WORLD.n_studios, ge=2)
     """Studios in the synthetic world."""
-    n_cities: int = Field(24, ge=2)
+    n_cities: int = Field(_WORLD.n_cities, ge=2)
     """Cities the world's people and studios are placed in."""
-    heldout_fraction: float = Field(0.25, gt=0, lt=1)
+    heldout_fraction: float = Field(_WORLD.heldout_fraction, gt=0, lt=1)
     """Share of every kind of entity held out for the test split (questions about unseen entities)."""
-    questions_per_type: int | None = Field(None, ge=1)  # None: one question per eligible entity
+    questions_per_type: int | None = Field(_WORLD.questions_per_type, ge=1)  # None: one question per eligible entity
     """Cap on the questions of each question type per split; null: one per eligible entity."""
-    name_words: Literal[1, 2] = 2  # words per entity name (1: a bigger single-word inventory)
+    name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
 
-    def world(self):
-        from agent_r1.data.synthetic import WorldConfig
-
+    def world(self) -> WorldConfig:
         return WorldConfig(**self.model_dump(exclude={"source", "path"}))
 
 
@@ -124,9 +127,32 @@ class SFTConfig(_Strict):
     """Optimizer steps between resumable states (under outputs/<pipeline>/state/)."""
 
 
+def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True) -> str:
+    """The name an RL method's results are reported under: the estimator's report name (gae →
+    ``ppo``), with ``_no_loss_mask`` or ``_no_adv_mask`` for an ablated mask."""
+    name = ADVANTAGES[algorithm].report_name if algorithm in ADVANTAGES else algorithm
+    if not loss_mask:
+        return f"{name}_no_loss_mask"
+    if not adv_mask:
+        return f"{name}_no_adv_mask"
+    return name
+
+
+def parse_method(method: str) -> dict:
+    """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``."""
+    masks = {"loss_mask": True, "adv_mask": True}
+    for suffix, key in (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask")):
+        if method.endswith(suffix):
+            method, masks[key] = method[: -len(suffix)], False
+    algorithm = {e.report_name: name for name, e in ADVANTAGES.items()}.get(method, method)
+    return {"algorithm": algorithm, **masks}
+
+
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
     """Advantage estimator, a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...)."""
+    advantage_settings: dict[str, bool | int | float | str] = {}
+    """The estimator's own settings (its keyword-only parameters), e.g. {whiten: false}."""
     # Which questions RL trains on: every training question with one of `hops`, plus the
     # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
     hops: list[PositiveInt] = [2]
@@ -158,6 +184,11 @@ class RLConfig(_Strict):
     """Iterations between resumable states."""
     learner: LearnerConfig = LearnerConfig()
     """The DeepSpeed learner's optimizer and loss settings."""
+
+    @property
+    def method(self) -> str:
+        """The name this RL method's results are reported under (see :func:`method_name`)."""
+        return method_name(self.algorithm, self.loss_mask, self.adv_mask)
 
 
 class EvalConfig(_Strict):
@@ -242,14 +273,26 @@ class RunConfig(_Strict):
         return Path(self.output_dir)
 
 
+def _estimator_problems(cfg: RunConfig) -> list[str]:
+    """The estimator(s) exist, get the groups they need, and take the settings given."""
+    if cfg.rl.algorithm not in ADVANTAGES:
+        return [f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}"]
+    out = []
+    algorithms = {cfg.rl.algorithm} | {parse_method(m)["algorithm"] for m in cfg.methods}
+    for est in (ADVANTAGES[a] for a in sorted(algorithms) if a in ADVANTAGES):
+        if est.needs_groups and cfg.rl.group_size < 2:
+            out.append(f"rl.group_size: estimator {est.name!r} compares the samples of a task; "
+                       f"it needs group_size >= 2, got {cfg.rl.group_size}")
+        unknown = sorted(set(cfg.rl.advantage_settings) - set(est.settings))
+        if unknown:
+            out.append(f"rl.advantage_settings: estimator {est.name!r} has no setting(s) {unknown}; "
+                       f"its settings: {sorted(est.settings) or 'none'}")
+    return out
+
+
 def _choice_problems(cfg: RunConfig) -> list[str]:
     """Names that must be in a registry or a known set: estimators, methods, question types."""
-    from agent_r1.algorithms import ADVANTAGES
-    from agent_r1.rl import parse_method
-
-    out = []
-    if cfg.rl.algorithm not in ADVANTAGES:
-        out.append(f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}")
+    out = _estimator_problems(cfg)
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in ADVANTAGES:
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
@@ -257,8 +300,6 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
     if cfg.data.source == "synthetic":
-        from agent_r1.data.synthetic import QTYPES
-
         for key, names in (("sft.qtypes", cfg.sft.qtypes), ("sft.scarce", cfg.sft.scarce), ("rl.qtypes", cfg.rl.qtypes)):
             unknown = sorted(set(names) - set(QTYPES))
             if unknown:
@@ -273,8 +314,6 @@ def _hop_problems(cfg: RunConfig) -> list[str]:
     """Hop counts with no questions in the data source (they would fail, or select nothing, late).
     HotpotQA questions all have two hops: there a list fails only if it selects none."""
     if cfg.data.source == "synthetic":
-        from agent_r1.data.synthetic import QTYPES
-
         available = sorted({hops for hops, _, _ in QTYPES.values()})
         lists = {"sft.hops": cfg.sft.hops, "rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(set(hops) - set(available)) for key, hops in lists.items()}
@@ -318,8 +357,6 @@ def _tiny_problems(cfg: RunConfig) -> list[str]:
 
 
 def _learner_problems(cfg: RunConfig) -> list[str]:
-    from agent_r1.algorithms import AGG_MODES, KL_KINDS, POLICY_LOSSES
-
     lc = cfg.rl.learner
     out = _finite("rl.learner", lc)
     for key, known in (("policy_loss", sorted(POLICY_LOSSES)), ("loss_agg", AGG_MODES), ("kl_kind", KL_KINDS)):

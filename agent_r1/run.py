@@ -5,7 +5,6 @@ together."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,17 +171,6 @@ def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = 
 
 
 # ------------------------------------------------------------------------------ the run
-def write_eval(path: Path, results: dict) -> None:
-    """Merge ``{split: {method: metrics}}`` into the JSON at ``path`` (written atomically)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    current = json.loads(path.read_text()) if path.exists() else {}
-    for split, methods in results.items():
-        current.setdefault(split, {}).update(methods)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(current, indent=2, sort_keys=True))
-    tmp.replace(path)
-
-
 def flat_eval(by_hops: dict, split: str) -> dict:
     """``{split: metrics}`` plus one ``{split}_{k}hop`` entry per hop count."""
     out = {split: by_hops["all"]}

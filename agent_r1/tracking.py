@@ -76,8 +76,153 @@ def _artifact_root(uri: str) -> str | None:
     return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
 
 
-class Tracker:
-    """Runs, metrics, artifacts and registered agents in one MLflow experiment."""
+class _AgentRegistry:
+    """Trained agents as registered model versions with aliases (``challenger``, ``champion``).
+    Part of :class:`Tracker` (it uses the tracker's ``client`` and ``uri``)."""
+
+    client: Any
+    uri: str
+
+    def log_agent(
+        self,
+        run_id: str,
+        checkpoint_dir: Path | str,
+        registered_name: str,
+        alias: str = "challenger",
+        tags: dict | None = None,
+    ) -> str:
+        """Log a Hugging Face checkpoint folder as a ``transformers`` model of run ``run_id``,
+        register it as a new version of ``registered_name``, point ``alias`` at it and tag it.
+
+        Returns the version. :meth:`load_agent` gives the folder back.
+        """
+        import mlflow.transformers
+        import transformers
+        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+        from mlflow.exceptions import MlflowException
+        from mlflow.models import Model
+
+        from agent_r1.models import load_model
+
+        checkpoint_dir = Path(checkpoint_dir).resolve()  # an absolute path is never taken for a hub id
+        model, tokenizer = load_model(checkpoint_dir, dtype="auto")
+        experiment_id = self.client.get_run(run_id).info.experiment_id
+        logged = self.client.create_logged_model(
+            experiment_id, name=registered_name, source_run_id=run_id, tags=_str_dict(tags)
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            mlflow.transformers.save_model(
+                {"model": model, "tokenizer": tokenizer},
+                path=f"{tmp}/model",
+                task="text-generation",
+                mlflow_model=Model(artifact_path=logged.artifact_location, run_id=run_id, model_id=logged.model_id),
+                # Inferring requirements would reload the model in a subprocess; a model card
+                # would be fetched from the Hub.
+                pip_requirements=["torch", f"transformers=={transformers.__version__}"],
+                model_card=_model_card(registered_name),
+            )
+            self.client.log_model_artifacts(logged.model_id, f"{tmp}/model")
+        self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
+        try:
+            self.client.create_registered_model(registered_name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        # The source is the artifact location, not ``models:/<model_id>``: the SQL registry
+        # resolves the latter through the process-wide tracking URI, not this client's.
+        version = self.client.create_model_version(
+            registered_name,
+            source=logged.artifact_location,
+            run_id=run_id,
+            tags=_str_dict(tags),
+            model_id=logged.model_id,
+        ).version
+        self.set_alias(registered_name, alias, version)
+        return str(version)
+
+    def load_agent(self, model_uri: str, dst: Path | str | None = None) -> Path:
+        """Download an agent and return its Hugging Face folder (``agent_r1.models.load_model``
+        loads it).
+
+        ``model_uri`` is ``models:/<name>@<alias>``, ``models:/<name>/<version>``,
+        ``models:/<model id>``, ``runs:/<run id>/<path>`` or any artifact URI. It is downloaded
+        into ``dst`` (a new temporary folder by default); the returned folder is the one in it
+        holding ``config.json``, with the tokenizer files beside it.
+        """
+        from mlflow.artifacts import download_artifacts
+
+        dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="agent-r1-model-"))
+        dst.mkdir(parents=True, exist_ok=True)
+        local = Path(
+            download_artifacts(artifact_uri=self._model_source(model_uri), dst_path=str(dst), tracking_uri=self.uri)
+        )
+        folder = next((p.parent for p in sorted(local.rglob("config.json"))), None)
+        if folder is None:
+            raise FileNotFoundError(f"{model_uri} holds no Hugging Face model (no config.json)")
+        if not (folder / "tokenizer_config.json").exists():
+            # the transformers flavor keeps the tokenizer in components/tokenizer/
+            for tok_config in local.rglob("tokenizer_config.json"):
+                shutil.copytree(tok_config.parent, folder, dirs_exist_ok=True)
+                break
+        return folder
+
+    def _model_source(self, model_uri: str) -> str:
+        """The artifact URI behind a ``models:/`` or ``runs:/`` URI, resolved with this client.
+
+        (MLflow's own resolution of these URIs uses the process-wide registry URI.)
+        """
+        scheme, _, rest = model_uri.partition(":/")
+        rest = rest.lstrip("/")
+        if scheme == "models":
+            if "@" in rest:
+                name, alias = rest.split("@", 1)
+                version = self.client.get_model_version_by_alias(name, alias).version
+            elif "/" in rest:
+                name, version = rest.split("/", 1)
+            else:
+                return self.client.get_logged_model(rest).artifact_location
+            return self.client.get_model_version_download_uri(name, version)
+        if scheme == "runs":
+            run_id, _, path = rest.partition("/")
+            run = self.client.get_run(run_id)
+            models = self.client.search_logged_models(
+                [run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'"
+            )
+            named = [m for m in models if m.name == path]
+            if named:
+                return max(named, key=lambda m: m.creation_timestamp).artifact_location
+            return f"{run.info.artifact_uri}/{path}"
+        return model_uri
+
+    def alias_version(self, name: str, alias: str) -> dict[str, Any] | None:
+        """``{"version", "run_id", "tags", "metrics"}`` of the version ``alias`` points at (the
+        metrics are its run's latest), or None when the model or the alias does not exist."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            model = self.client.get_registered_model(name)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        if alias not in model.aliases:
+            return None
+        mv = self.client.get_model_version(name, model.aliases[alias])
+        metrics = dict(self.client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
+        return {"version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "metrics": metrics}
+
+    def set_alias(self, name: str, alias: str, version: str | int) -> None:
+        """Point ``alias`` at ``version`` (moving it from any other version)."""
+        self.client.set_registered_model_alias(name, alias, str(version))
+
+    def set_version_tag(self, name: str, version: str | int, key: str, value: Any) -> None:
+        self.client.set_model_version_tag(name, str(version), key, str(value))
+
+
+class Tracker(_AgentRegistry):
+    """Runs, metrics, artifacts and (from :class:`_AgentRegistry`) registered agents in one
+    MLflow experiment."""
 
     def __init__(self, uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, project_dir: Path | str = "."):
         self.uri = uri or configure(project_dir)
@@ -234,165 +379,12 @@ class Tracker:
             self.client.log_artifact(run_id, str(local_path), artifact_path)
 
     def log_curves(self, run_id: str, history: list[dict], keys: list[str], artifact_file: str = "curves.png") -> None:
-        """One PNG with a subplot per key of ``history`` (a list of per-iteration metric dicts).
+        """One PNG with a subplot per key of ``history`` (:func:`agent_r1.plots.curves_figure`);
+        nothing is logged when no key appears."""
+        from agent_r1.plots import curves_figure
 
-        The x axis is each record's ``iteration`` (or its position, from 1); keys that appear in
-        no record are left out, and nothing is logged when none appears.
-        """
-        from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
-
-        keys = [k for k in keys if any(k in h for h in history)]
-        if not keys:
-            return
-        ncols = min(3, len(keys))
-        nrows = math.ceil(len(keys) / ncols)
-        fig = Figure(figsize=(4 * ncols, 3 * nrows), layout="constrained")
-        for i, key in enumerate(keys):
-            ax = fig.add_subplot(nrows, ncols, i + 1)
-            points = [(h.get("iteration", j + 1), h[key]) for j, h in enumerate(history) if key in h]
-            ax.plot(*zip(*points), marker=".")
-            ax.set_title(key)
-            ax.set_xlabel("iteration")
-            ax.grid(alpha=0.3)
-        self.client.log_figure(run_id, fig, artifact_file)
-
-    # -- registered agents --------------------------------------------------------------------
-
-    def log_agent(
-        self,
-        run_id: str,
-        checkpoint_dir: Path | str,
-        registered_name: str,
-        alias: str = "challenger",
-        tags: dict | None = None,
-    ) -> str:
-        """Log a Hugging Face checkpoint folder as a ``transformers`` model of run ``run_id``,
-        register it as a new version of ``registered_name``, point ``alias`` at it and tag it.
-
-        Returns the version. :meth:`load_agent` gives the folder back.
-        """
-        import mlflow.transformers
-        import transformers
-        from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-        from mlflow.exceptions import MlflowException
-        from mlflow.models import Model
-
-        from agent_r1.models import load_model
-
-        checkpoint_dir = Path(checkpoint_dir).resolve()  # an absolute path is never taken for a hub id
-        model, tokenizer = load_model(checkpoint_dir, dtype="auto")
-        experiment_id = self.client.get_run(run_id).info.experiment_id
-        logged = self.client.create_logged_model(
-            experiment_id, name=registered_name, source_run_id=run_id, tags=_str_dict(tags)
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            mlflow.transformers.save_model(
-                {"model": model, "tokenizer": tokenizer},
-                path=f"{tmp}/model",
-                task="text-generation",
-                mlflow_model=Model(artifact_path=logged.artifact_location, run_id=run_id, model_id=logged.model_id),
-                # Inferring requirements would reload the model in a subprocess; a model card
-                # would be fetched from the Hub.
-                pip_requirements=["torch", f"transformers=={transformers.__version__}"],
-                model_card=_model_card(registered_name),
-            )
-            self.client.log_model_artifacts(logged.model_id, f"{tmp}/model")
-        self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-        self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
-        try:
-            self.client.create_registered_model(registered_name)
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-        # The source is the artifact location, not ``models:/<model_id>``: the SQL registry
-        # resolves the latter through the process-wide tracking URI, not this client's.
-        version = self.client.create_model_version(
-            registered_name,
-            source=logged.artifact_location,
-            run_id=run_id,
-            tags=_str_dict(tags),
-            model_id=logged.model_id,
-        ).version
-        self.set_alias(registered_name, alias, version)
-        return str(version)
-
-    def load_agent(self, model_uri: str, dst: Path | str | None = None) -> Path:
-        """Download an agent and return its Hugging Face folder (``agent_r1.models.load_model``
-        loads it).
-
-        ``model_uri`` is ``models:/<name>@<alias>``, ``models:/<name>/<version>``,
-        ``models:/<model id>``, ``runs:/<run id>/<path>`` or any artifact URI. It is downloaded
-        into ``dst`` (a new temporary folder by default); the returned folder is the one in it
-        holding ``config.json``, with the tokenizer files beside it.
-        """
-        from mlflow.artifacts import download_artifacts
-
-        dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="agent-r1-model-"))
-        dst.mkdir(parents=True, exist_ok=True)
-        local = Path(
-            download_artifacts(artifact_uri=self._model_source(model_uri), dst_path=str(dst), tracking_uri=self.uri)
-        )
-        folder = next((p.parent for p in sorted(local.rglob("config.json"))), None)
-        if folder is None:
-            raise FileNotFoundError(f"{model_uri} holds no Hugging Face model (no config.json)")
-        if not (folder / "tokenizer_config.json").exists():
-            # the transformers flavor keeps the tokenizer in components/tokenizer/
-            for tok_config in local.rglob("tokenizer_config.json"):
-                shutil.copytree(tok_config.parent, folder, dirs_exist_ok=True)
-                break
-        return folder
-
-    def _model_source(self, model_uri: str) -> str:
-        """The artifact URI behind a ``models:/`` or ``runs:/`` URI, resolved with this client.
-
-        (MLflow's own resolution of these URIs uses the process-wide registry URI.)
-        """
-        scheme, _, rest = model_uri.partition(":/")
-        rest = rest.lstrip("/")
-        if scheme == "models":
-            if "@" in rest:
-                name, alias = rest.split("@", 1)
-                version = self.client.get_model_version_by_alias(name, alias).version
-            elif "/" in rest:
-                name, version = rest.split("/", 1)
-            else:
-                return self.client.get_logged_model(rest).artifact_location
-            return self.client.get_model_version_download_uri(name, version)
-        if scheme == "runs":
-            run_id, _, path = rest.partition("/")
-            run = self.client.get_run(run_id)
-            models = self.client.search_logged_models(
-                [run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'"
-            )
-            named = [m for m in models if m.name == path]
-            if named:
-                return max(named, key=lambda m: m.creation_timestamp).artifact_location
-            return f"{run.info.artifact_uri}/{path}"
-        return model_uri
-
-    def alias_version(self, name: str, alias: str) -> dict[str, Any] | None:
-        """``{"version", "run_id", "tags", "metrics"}`` of the version ``alias`` points at (the
-        metrics are its run's latest), or None when the model or the alias does not exist."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            model = self.client.get_registered_model(name)
-        except MlflowException as e:
-            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-        if alias not in model.aliases:
-            return None
-        mv = self.client.get_model_version(name, model.aliases[alias])
-        metrics = dict(self.client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
-        return {"version": str(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "metrics": metrics}
-
-    def set_alias(self, name: str, alias: str, version: str | int) -> None:
-        """Point ``alias`` at ``version`` (moving it from any other version)."""
-        self.client.set_registered_model_alias(name, alias, str(version))
-
-    def set_version_tag(self, name: str, version: str | int, key: str, value: Any) -> None:
-        self.client.set_model_version_tag(name, str(version), key, str(value))
+        if (fig := curves_figure(history, keys)) is not None:
+            self.client.log_figure(run_id, fig, artifact_file)
 
 
 def _disable_telemetry() -> None:

@@ -27,7 +27,7 @@ class Step:
     reward: float = 0.0  # step (process) reward
     format_error: bool = False
     tool_errors: int = 0
-    truncated: bool = False  # generation hit max_new_tokens without ending its turn
+    hit_max_new_tokens: bool = False  # the generation stopped at max_new_tokens, its turn unended
 
 
 @dataclass
@@ -91,7 +91,7 @@ def from_frame(df: pd.DataFrame) -> list[Trajectory]:
             kw["action_ids"] = [int(x) for x in kw["action_ids"]]
             kw["action_logprobs"] = [float(x) for x in kw["action_logprobs"]]
             kw["reward"], kw["tool_errors"] = float(kw["reward"]), int(kw["tool_errors"])
-            kw["format_error"], kw["truncated"] = bool(kw["format_error"]), bool(kw["truncated"])
+            kw["format_error"], kw["hit_max_new_tokens"] = bool(kw["format_error"]), bool(kw["hit_max_new_tokens"])
             traj.steps.append(Step(**kw))
         trajectories.append(traj)
     return trajectories

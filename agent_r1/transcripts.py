@@ -11,7 +11,7 @@ def transcript(traj: Trajectory, task: dict | None = None) -> str:
     if task:
         lines += [f"**Question:** {task.get('question', '?')}", f"**Gold:** {', '.join(task.get('answers', []))}"]
     for i, step in enumerate(traj.steps, 1):
-        flags = [f for f, on in (("format error", step.format_error), ("truncated", step.truncated),
+        flags = [f for f, on in (("format error", step.format_error), ("cut at max_new_tokens", step.hit_max_new_tokens),
                                  (f"{step.tool_errors} tool error(s)", step.tool_errors)) if on]
         head = f"**Turn {i}**" + (f" ({', '.join(flags)})" if flags else "") + (f" step reward {step.reward:+.2f}" if step.reward else "")
         lines += ["", head, "", "```", step.action_text.strip() or "(empty)", "```"]

@@ -21,7 +21,7 @@ it more turns than TRL, so its environment ends the episode there too.) An untra
 calls a tool, so its episodes are mostly one turn long: the ``turns/episode`` column says how
 many turns each side ran.
 
-- ours: ``agent_r1.rl.rl_iteration`` (the RL stage's driver: batched rollout through ``HFEngine``
+- ours: ``agent_r1.pipeline.rl_driver`` (the RL stage's driver: batched rollout through ``HFEngine``
   with the KV cache kept across turns, GRPO advantages, the DeepSpeed learner's update);
 - TRL: ``GRPOTrainer(..., tools=[search])`` with ``max_tool_calling_iterations = turns - 1``,
   ``generation_kwargs={"max_new_tokens": ...}`` (per turn), transformers generation (no vLLM).
@@ -165,7 +165,7 @@ def run_ours(args) -> dict:
     from agent_r1.envs import MultiHopQAEnv
     from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
     from agent_r1.learner import Learner, LearnerConfig
-    from agent_r1.rl import annotate, rollout, update
+    from agent_r1.pipeline.rl_driver import annotate, rollout, update
     from agent_r1.rollout import HFEngine
 
     class StopWithoutToolCall(MultiHopQAEnv):
@@ -194,7 +194,7 @@ def run_ours(args) -> dict:
 
     gen = torch.Generator().manual_seed(args.seed)
     steps = []
-    for k in range(args.steps + 1):  # agent_r1.rl.rl_iteration's three calls, each timed
+    for k in range(args.steps + 1):  # the three calls of RLTrainer.step (agent_r1.pipeline.rl_driver), each timed
         batch_tasks = tasks[k * args.questions : (k + 1) * args.questions]
         t0 = clocks()
         trajs = rollout(engine, make_env, batch_tasks, context, cfg, args.max_new_tokens, limit)
@@ -322,7 +322,7 @@ def main(argv=None) -> None:
     for name, _ in cols:
         table.add_column(name, justify="left" if name == "side" else "right")
     for side, r in results.items():
-        label = "ours (agent_r1.rl)" if side == "ours" else "TRL GRPOTrainer"
+        label = "ours (agent_r1 RLTrainer)" if side == "ours" else "TRL GRPOTrainer"
         table.add_row(label, *(("{:,.0f}" if k in ("gen_tokens", "gen_tok_s", "train_tokens", "train_tok_s", "rss")
                                 else "{:.2f}").format(r[k]) for _, k in cols[1:]))
     Console(width=200).print(table)

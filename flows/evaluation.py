@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
 from agent_r1.pipeline.record import StageLog
+from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
 from flows.training import PipelineParams, artifact_key, eval_markdown, evaluate, prepare
 
@@ -38,7 +39,7 @@ def evaluation_flow(params: EvaluationParams = EvaluationParams()) -> dict[str, 
     try:
         data = prepare(cfg, StageLog(tracker, run_id))  # the same versioned data as training
         slog = StageLog(tracker, tracker.stage_run(run_id, "evaluate"))
-        results = evaluate(cfg, slog, dict(params.models) or None, tracker, merge=True)
+        results = evaluate(cfg, slog, Progress(), dict(params.models) or None, tracker, merge=True)
     except BaseException:
         tracker.end_run(run_id, "FAILED")
         raise

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import flows  # noqa: F401  (contained, offline settings before Prefect is imported)
@@ -19,10 +18,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from agent_r1.pipeline import stages
-from agent_r1.pipeline.record import Recorder
+from agent_r1.pipeline.state import checkpoint_dir
 from agent_r1.tracking import Tracker
-from flows.training import (PipelineParams, artifact_key, eval_markdown, evaluate, prepare, register,
-                            register_markdown, sft, train_rl)
+from flows.training import ArtifactProgress, PipelineParams, TaskRunner, artifact_key, eval_markdown, register_markdown
 
 
 @flow(name="retraining", persist_result=False)
@@ -39,37 +37,17 @@ def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any]
         cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"init_from": champion_uri})})
     logger.info("champion: %s; RL starts from %s", champion_uri or "none",
                 cfg.rl.init_from or "this pipeline's SFT checkpoint")
-    rec = Recorder(cfg, tracker)
-    run_id = rec.open()
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    with rec.timed_stage("prepare", timings) as slog:
-        data = prepare(cfg, slog)
-    if cfg.rl.init_from is None:
-        with rec.timed_stage("sft", timings) as slog:
-            sft(cfg, slog)
-    with rec.timed_stage("train", timings) as slog:
-        train_rl(cfg, slog, tracker)
-    method = stages.rl_method(cfg)
-    checkpoints = {method: str(stages.checkpoint_dir(cfg, method))}
-    if champion_uri:
-        checkpoints["champion"] = champion_uri
-    with rec.timed_stage("evaluate", timings) as slog:
-        results = evaluate(cfg, slog, checkpoints, tracker)
-    r = cfg.registry
-    champion_score = float(results[r.split]["champion"][r.metric]) if champion_uri else None
-    with rec.timed_stage("register", timings):
-        reg = register(cfg, tracker, run_id, champion_score=champion_score, method=method)
-    timings["total_s"] = time.perf_counter() - t0
-    rec.close()
+    method = cfg.rl.method
+    checkpoints = {method: str(checkpoint_dir(cfg, method))} | ({"champion": champion_uri} if champion_uri else {})
+    plan = stages.Plan(sft=cfg.rl.init_from is None, checkpoints=checkpoints, champion=champion_uri)
+    out = stages.run_pipeline(cfg, plan, tracker, ArtifactProgress(cfg.name), TaskRunner())
+    reg, r = out["register"], cfg.registry
     logger.info(register_markdown(reg))
     create_markdown_artifact(
         f"# Retraining: pipeline `{cfg.name}`\n\n"
-        f"Data version `{data['data_version']}`; RL from `{cfg.rl.init_from or 'SFT'}`; MLflow run `{run_id}`.\n\n"
+        f"Data version `{out['data_version']}`; RL from `{cfg.rl.init_from or 'SFT'}`; MLflow run `{out['mlflow_run_id']}`.\n\n"
         f"## Held-out evaluation: new agent (`{method}`) vs champion, same tasks\n\n"
-        f"{eval_markdown(results, cfg.eval.split)}\n\n"
+        f"{eval_markdown(out['eval'], cfg.eval.split)}\n\n"
         f"## Decision ({r.split} {r.metric})\n\n{register_markdown(reg)}\n",
         key=artifact_key(cfg.name, "retraining"), description=f"retraining of pipeline {cfg.name}")
-    return {"mlflow_run_id": run_id, "data_version": data["data_version"], "champion": champion_uri,
-            "init_from": cfg.rl.init_from, "eval": results, "register": reg, "promoted": reg["alias"] == "champion",
-            "timings": timings}
+    return out | {"champion": champion_uri, "init_from": cfg.rl.init_from, "promoted": reg["alias"] == "champion"}

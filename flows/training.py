@@ -5,9 +5,11 @@
     prepare ─► sft ─► rl-setup ─► [rollout ─► annotate ─► update ─► end-iteration] × rl.iterations
             ─► rl-finish ─► (control) ─► evaluate ─► register
 
-Each task calls a stage function of :mod:`agent_r1.pipeline.stages` and nothing else. The RL
-trainer (model, optimizer, DeepSpeed engine) lives in this process: the per-iteration tasks
-share it, and their results are never persisted or cached by Prefect. MLflow gets one
+The sequence is :func:`agent_r1.pipeline.stages.run_pipeline` and the RL loop
+:meth:`agent_r1.pipeline.rl_driver.RLTrainer.run`, the same code ``agent-r1 train`` runs; here a
+:class:`TaskRunner` makes each stage and each phase of an RL iteration a task, and nothing else.
+The RL trainer (model, optimizer, DeepSpeed engine) lives in this process: the per-iteration
+tasks share it, and their results are never persisted or cached by Prefect. MLflow gets one
 pipeline run (through :class:`~agent_r1.pipeline.record.Recorder`) with a nested run per
 stage; tasks receive the run ids explicitly (in a ``StageLog``), never through MLflow's
 thread-local active run.
@@ -23,13 +25,14 @@ Run it once, locally (an ephemeral Prefect server unless ``PREFECT_API_URL`` is 
 
 from __future__ import annotations
 
+import functools
 import re
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import flows  # noqa: F401  (contained, offline settings before Prefect is imported)
-from prefect import flow, get_run_logger, task
+from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import opaque
@@ -38,7 +41,9 @@ from pydantic import BaseModel, Field
 from agent_r1.config import RunConfig, load_config, parse_overrides
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
-from agent_r1.pipeline.record import Recorder, StageLog
+from agent_r1.pipeline.record import StageLog
+from agent_r1.pipeline.rl_driver import RLTrainer
+from agent_r1.pipeline.runner import Runner
 from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
 
@@ -70,6 +75,20 @@ class TrainingParams(PipelineParams):
 
 
 # ------------------------------------------------------------------------------ tasks
+RETRIES = {"prepare": {"retries": 2, "retry_delay_seconds": 5}, "evaluate": {"retries": 1, "retry_delay_seconds": 5},
+           "register": {"retries": 1, "retry_delay_seconds": 5}}
+
+
+@functools.cache
+def stage_task(name: str, fn):
+    """The stage function ``fn`` as the Prefect task ``name`` (with its retries)."""
+    return task(fn, name=name, **IN_PROCESS, **RETRIES.get(name, {}))
+
+
+prepare = stage_task("prepare", stages.prepare)  # versioned data: writes the parquet files, returns their hash
+evaluate = stage_task("evaluate", stages.evaluate)
+
+
 def _per_iteration(label: str):
     """Task run names like ``rollout-grpo-3`` (method, 1-based iteration)."""
 
@@ -80,104 +99,106 @@ def _per_iteration(label: str):
     return name
 
 
-@task(name="prepare", retries=2, retry_delay_seconds=5, **IN_PROCESS)
-def prepare(cfg: RunConfig, slog: StageLog) -> dict:
-    """Versioned data preparation: writes the parquet files, returns their content hash."""
-    return stages.prepare(cfg, slog)
-
-
-@task(name="sft", **IN_PROCESS)
-def sft(cfg: RunConfig, slog: StageLog) -> Path:
-    return stages.sft(cfg, slog, Progress())
-
-
 @task(name="rl-setup", **IN_PROCESS)
-def start_rl(cfg: RunConfig, slog: StageLog, tracker: Tracker) -> stages.RLTrainer:
+def start_rl(open_trainer, cfg: RunConfig, slog: StageLog, tracker: Tracker | None) -> RLTrainer:
     """Load the start model (resuming from ``state/`` when a saved state matches the config)."""
-    return stages.RLTrainer(cfg, slog, tracker)
+    return open_trainer(cfg, slog, tracker)
 
 
 @task(name="rollout", task_run_name=_per_iteration("rollout"), **IN_PROCESS)
-def rollout(trainer: stages.RLTrainer) -> list:
+def rollout(trainer: RLTrainer) -> list:
     return trainer.rollout()
 
 
 @task(name="annotate", task_run_name=_per_iteration("annotate"), **IN_PROCESS)
-def annotate(trainer: stages.RLTrainer, trajs: list) -> dict:
+def annotate(trainer: RLTrainer, trajs: list) -> dict:
     """Reward annotation: rewards, advantages, loss masks, sampling and reference log-probs."""
     return trainer.annotate(trajs)
 
 
 # No retries: a DeepSpeed step that failed half-way has already moved the optimizer state.
 @task(name="update", task_run_name=_per_iteration("update"), **IN_PROCESS)
-def update(trainer: stages.RLTrainer, batch: dict) -> dict:
+def update(trainer: RLTrainer, batch: dict) -> dict:
     return trainer.update(batch)
 
 
 @task(name="end-iteration", task_run_name=_per_iteration("end-iteration"), **IN_PROCESS)
-def end_iteration(trainer: stages.RLTrainer, trajs: list, stats: dict) -> dict:
+def end_iteration(trainer: RLTrainer, trajs: list, stats: dict) -> dict:
     """Log the iteration's metrics; save a resumable state every ``rl.checkpoint_every``."""
     return trainer.end_iteration(trajs, stats)
 
 
 @task(name="rl-finish", **IN_PROCESS)
-def finish_rl(trainer: stages.RLTrainer) -> Path:
+def finish_rl(trainer: RLTrainer) -> Path:
     return trainer.finish()
 
 
-@task(name="control", **IN_PROCESS)
-def control(cfg: RunConfig) -> Path:
-    return stages.control(cfg)
+class TaskRunner(Runner):
+    """The pipeline's stage sequence and RL loop with each stage and each RL phase a Prefect task.
+
+    Prefect links a task's inputs to the task that returned them by ``id()`` (for lists and
+    dicts, which it cannot weak-reference: prefect issue 20558), so a result freed early lets a
+    later object reuse its id and be linked to the wrong task. The runner holds each phase's
+    last result until the next iteration's replaces it.
+    """
+
+    def __init__(self):
+        self._held: dict[str, Any] = {}
+
+    def _hold(self, key: str, value):
+        self._held[key] = value
+        return value
+
+    def stage(self, name, fn, *args, **kwargs):
+        return stage_task(name, fn)(*args, **kwargs)
+
+    def rl_setup(self, open_trainer, cfg, stage_log, tracker):
+        return start_rl(open_trainer, cfg, stage_log, tracker)
+
+    def rollout(self, trainer):
+        return self._hold("trajs", rollout(trainer))
+
+    # opaque: link the tasks without Prefect walking every token id of every trajectory
+    def annotate(self, trainer, trajs):
+        return self._hold("batch", annotate(trainer, opaque(trajs)))
+
+    def update(self, trainer, batch):
+        return self._hold("stats", update(trainer, opaque(batch)))
+
+    def end_iteration(self, trainer, trajs, stats):
+        return self._hold("stats", end_iteration(trainer, opaque(trajs), stats))
+
+    def rl_finish(self, trainer):
+        self._held.clear()
+        return finish_rl(trainer)
 
 
-@task(name="evaluate", retries=1, retry_delay_seconds=5, **IN_PROCESS)
-def evaluate(cfg: RunConfig, slog: StageLog, checkpoints: dict[str, str] | None = None,
-             tracker: Tracker | None = None, merge: bool = False) -> dict:
-    return stages.evaluate(cfg, slog, Progress(), checkpoints=checkpoints, tracker=tracker, merge=merge)
+class ArtifactProgress(Progress):
+    """Progress as on the command line, and for work with a known length (the RL iterations) a
+    Prefect progress artifact that follows it."""
 
+    def __init__(self, pipeline: str):
+        super().__init__()
+        self.pipeline = pipeline
 
-@task(name="register", retries=1, retry_delay_seconds=5, **IN_PROCESS)
-def register(cfg: RunConfig, tracker: Tracker, run_id: str, champion_score: float | None = None,
-             method: str | None = None) -> dict:
-    return stages.register(cfg, tracker, run_id, champion_score=champion_score, method=method)
+    @contextmanager
+    def task(self, label: str, total: int | None = None):
+        with super().task(label, total) as report:
+            if total is None:
+                yield report
+                return
+            artifact = create_progress_artifact(0.0, key=artifact_key(self.pipeline, label, "progress"),
+                                                description=label)
+
+            def both(desc: str, frac: float | None = None) -> None:
+                report(desc, frac)
+                if frac is not None:
+                    update_progress_artifact(artifact, 100.0 * frac, description=f"{label}: {desc}")
+
+            yield both
 
 
 # ------------------------------------------------------------------------------ pieces shared by the flows
-def train_rl(cfg: RunConfig, slog: StageLog, tracker: Tracker) -> dict[str, Path]:
-    """Every RL method of the pipeline, one task per piece of each iteration; a progress
-    artifact follows the iterations. Returns ``{method: checkpoint folder}``."""
-    logger = get_run_logger()
-    methods = stages.rl_methods(cfg)
-    out = {}
-    for method in methods:
-        mlog = slog if len(methods) == 1 else slog.child(method)  # a comparison: a run per method
-        trainer = start_rl(stages.for_method(cfg, method), mlog, tracker)
-        total = trainer.cfg.rl.iterations
-        if trainer.iteration:
-            logger.info("RL %s: resuming after iteration %d of %d", method, trainer.iteration, total)
-        progress = create_progress_artifact(_percent(trainer), key=artifact_key(cfg.name, method, "rl-progress"),
-                                            description=f"RL {method}: iteration {trainer.iteration}/{total}")
-        while not trainer.done:
-            trajs = rollout(trainer)
-            # opaque: link the tasks without Prefect walking every token id of every trajectory
-            batch = annotate(trainer, opaque(trajs))
-            stats = update(trainer, opaque(batch))
-            stats = end_iteration(trainer, opaque(trajs), stats)
-            update_progress_artifact(
-                progress, _percent(trainer),
-                description=f"RL {method}: iteration {trainer.iteration}/{total}, reward {stats['reward_mean']:.3f}, "
-                            f"EM {stats['em']:.3f}, tool calls {stats['tool_calls']:.2f}")
-        out[method] = finish_rl(trainer)
-        if mlog is not slog:
-            mlog.end()
-    return out
-
-
-def _percent(trainer: stages.RLTrainer) -> float:
-    total = trainer.cfg.rl.iterations
-    return 100.0 * trainer.iteration / total if total else 100.0
-
-
 def artifact_key(*parts: str) -> str:
     """A Prefect artifact key (lowercase letters, digits and dashes only)."""
     return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
@@ -204,40 +225,16 @@ def register_markdown(reg: dict | None) -> str:
 def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
     """Train one pipeline end to end: data → SFT → RL → held-out evaluation → registry."""
     cfg = params.config()
-    tracker = Tracker()
-    rec = Recorder(cfg, tracker)
-    run_id = rec.open()
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    with rec.timed_stage("prepare", timings) as slog:
-        data = prepare(cfg, slog)
-    with rec.timed_stage("sft", timings) as slog:
-        sft(cfg, slog)
-    with rec.timed_stage("train", timings) as slog:
-        train_rl(cfg, slog, tracker)
-    checkpoints = None
-    if params.with_control:
-        t1 = time.perf_counter()
-        control(cfg)
-        timings["control_s"] = time.perf_counter() - t1
-        checkpoints = stages.default_methods(cfg) | {"sft_control": str(stages.checkpoint_dir(cfg, "sft_control"))}
-    with rec.timed_stage("evaluate", timings) as slog:
-        results = evaluate(cfg, slog, checkpoints)
-    reg = None
-    if params.register_agent:
-        with rec.timed_stage("register", timings):
-            reg = register(cfg, tracker, run_id)
-    timings["total_s"] = time.perf_counter() - t0
-    rec.close()
+    plan = stages.Plan(control=params.with_control, register=params.register_agent)
+    out = stages.run_pipeline(cfg, plan, Tracker(), ArtifactProgress(cfg.name), TaskRunner())
     record_in_dvc_lock(cfg, params.config_file, params.overrides, "register" if params.register_agent else "evaluate")
     create_markdown_artifact(
         f"# Training: pipeline `{cfg.name}`\n\n"
-        f"Data version `{data['data_version']}`; MLflow run `{run_id}`; outputs `{cfg.out}`.\n\n"
-        f"## Held-out evaluation\n\n{eval_markdown(results, cfg.eval.split)}\n\n"
-        f"## Registry\n\n{register_markdown(reg)}\n",
+        f"Data version `{out['data_version']}`; MLflow run `{out['mlflow_run_id']}`; outputs `{cfg.out}`.\n\n"
+        f"## Held-out evaluation\n\n{eval_markdown(out['eval'], cfg.eval.split)}\n\n"
+        f"## Registry\n\n{register_markdown(out['register'])}\n",
         key=artifact_key(cfg.name, "training"), description=f"training of pipeline {cfg.name}")
-    return {"mlflow_run_id": run_id, "data_version": data["data_version"], "eval": results,
-            "register": reg, "timings": timings}
+    return out
 
 
 if __name__ == "__main__":

@@ -43,8 +43,13 @@ def test_registry_names_and_lookup():
         "gae", "step_gae", "grpo", "grpo_no_std", "rloo", "reinforce_pp", "reinforce_pp_baseline"
     }
     assert set(POLICY_LOSSES) == {"ppo", "vanilla"}
-    assert get_advantage("gae") is gae
-    assert get_policy_loss("ppo") is ppo_clip_loss
+    assert get_advantage("gae").fn is gae and get_policy_loss("ppo").fn is ppo_clip_loss
+    # what the driver and the learner read from the entries (nothing else names an estimator)
+    assert {n for n, e in ADVANTAGES.items() if e.needs_critic} == {"gae", "step_gae"}
+    assert {n for n, e in ADVANTAGES.items() if e.needs_groups} == {"grpo", "grpo_no_std", "rloo", "reinforce_pp_baseline"}
+    assert get_advantage("gae").report_name == "ppo" and get_advantage("rloo").report_name == "rloo"
+    assert get_advantage("reinforce_pp").settings == {"whiten": True} and get_advantage("grpo").settings == {}
+    assert get_policy_loss("ppo").settings == ("clip_low", "clip_high", "dual_clip")
     with pytest.raises(KeyError, match=r"'nope'.*grpo.*rloo"):
         get_advantage("nope")
     with pytest.raises(KeyError, match=r"'nope'.*ppo.*vanilla"):

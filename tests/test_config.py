@@ -109,3 +109,10 @@ def test_hotpotqa_hop_lists_must_select_its_two_hop_questions():
     assert load_config("default", "pipelines.yaml", parse_overrides(hotpot)).eval.hops == [1, 2, 3]  # 2 is there
     with pytest.raises(ConfigError, match=r"eval.hops: no hotpotqa questions with \[1, 3\] hops; available: \[2\]"):
         load_config("default", "pipelines.yaml", parse_overrides(hotpot + ["eval.hops=[1,3]"]))
+
+
+def test_the_synthetic_world_has_one_set_of_defaults():
+    from agent_r1.config import DataConfig
+    from agent_r1.data.synthetic import WorldConfig
+
+    assert DataConfig().world() == WorldConfig()

@@ -7,7 +7,7 @@ from agent_r1.config import RLConfig
 from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
-from agent_r1.rl import annotate
+from agent_r1.pipeline.rl_driver import annotate
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
@@ -178,10 +178,10 @@ def test_run_episodes_drops_finished_episodes(tok, make_model):
     for t in trajs:
         assert t.metrics["stop_reason"] == "max_turns"
         for prev, nxt in zip(t.steps, t.steps[1:]):
-            obs = cm.renderer.ids(prev.observation, action_ended=not prev.truncated)
+            obs = cm.renderer.ids(prev.observation, action_ended=not prev.hit_max_new_tokens)
             assert nxt.context_ids == prev.context_ids + prev.action_ids + obs
         for s in t.steps:
-            assert s.truncated == (s.action_ids[-1] != tok.eos_token_id)
+            assert s.hit_max_new_tokens == (s.action_ids[-1] != tok.eos_token_id)
             assert s.format_error  # a random model's turn is neither a call nor an answer
 
 
@@ -192,7 +192,7 @@ def test_sliding_window_rollout_packs_one_sequence_per_step(tok, make_model):
     (traj,) = run_episodes(engine, TurnsEnv, [task], cm, SamplingParams(max_new_tokens=4))
     s0, s1, s2 = traj.steps
     prompt = s0.context_ids
-    obs = [cm.renderer.ids(s.observation, action_ended=not s.truncated) for s in traj.steps]
+    obs = [cm.renderer.ids(s.observation, action_ended=not s.hit_max_new_tokens) for s in traj.steps]
     assert s1.context_ids == prompt + s0.action_ids + obs[0]
     assert s2.context_ids == prompt + s1.action_ids + obs[1]  # turn 0 has left the window
     seqs = to_sequences(traj)
@@ -226,7 +226,7 @@ class FailingEnv(TurnsEnv):
 
 
 def test_an_episode_whose_env_fails_is_ended_and_marked_and_the_batch_goes_on(tok, make_model, frozen_learner):
-    from agent_r1.rl import rollout_stats
+    from agent_r1.pipeline.rl_driver import rollout_stats
 
     engine = RecordingEngine(make_model(seed=4), tok)
     tasks = [{"id": "ok", "prompt": "go", "turns": 3}, {"id": "step", "prompt": "go", "turns": 3, "fail_step": 2},
@@ -339,7 +339,7 @@ def test_kv_reuse_prefills_only_appended_tokens_and_samples_the_same_ids(tok, ma
     full, full_stats = _episodes(tok, model, cm, tasks, reuse=False)
     _same_turns(reused, full)
     steps = [s for t in reused for s in t.steps]
-    assert any(s.truncated for s in steps) and any(not s.truncated for s in steps)
+    assert any(s.hit_max_new_tokens for s in steps) and any(not s.hit_max_new_tokens for s in steps)
     contexts = sum(len(s.context_ids) for s in steps)
     assert full_stats["prefill_tokens"] == contexts - len(reused[0].steps[0].context_ids)  # a and d share a prompt
     # with reuse a later turn prefills its last action id (never run) + the observation + header

@@ -76,7 +76,7 @@ def test_malformed_turns_never_crash_the_episode(search):
     assert end.done and end.observation == [] and end.info["stop_reason"] == "answer"
     assert end.info["final_reward"] == 1.0 and end.info["em"] == 1.0 and end.info["found_gold"] == 1
     assert env.metrics == {"turns": 7, "tool_calls": 3, "format_errors": 3, "tool_errors": 2,
-                           "timeouts": 1, "truncations": 1}
+                           "timeouts": 1, "truncated_tool_outputs": 1}
     with pytest.raises(RuntimeError, match="finished episode"):
         env.step("<answer>Paris</answer>")
     env.reset(TASK)

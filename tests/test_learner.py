@@ -11,7 +11,7 @@ from agent_r1.algorithms import ADVANTAGES, AdvantageInputs, get_advantage, ppo_
 from agent_r1.config import RLConfig
 from agent_r1.learner import Learner, LearnerConfig, ValueModel, token_logprobs
 from agent_r1.models import default_device, load_model
-from agent_r1.rl import annotate
+from agent_r1.pipeline.rl_driver import annotate
 from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
 
 
@@ -255,7 +255,7 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, m
         stats = learner.update(batch, torch.Generator().manual_seed(0))
         results.append((stats, state(learner.model)))
     (skipped, after_skip), (full, after_full) = results
-    assert skipped["update/live_rows"] == pytest.approx(float((~dead).float().mean())) and full["update/live_rows"] == 1
+    assert skipped["update/live_share"] == pytest.approx(float((~dead).float().mean())) and full["update/live_share"] == 1
     assert skipped["update/tokens"] < full["update/tokens"]
     changed = [k for k in after_full if not torch.equal(after_full[k], state(make_model(seed=11))[k])]
     assert changed

@@ -8,11 +8,13 @@ import pandas as pd
 import pytest
 import torch
 
-from agent_r1.config import ConfigError, load_config, parse_overrides
+from agent_r1.config import ConfigError, load_config, method_name, parse_method, parse_overrides
 from agent_r1.envs import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.evaluate import retrieval_recall
 from agent_r1.pipeline import stages
-from agent_r1.rl import method_name, parse_method
+from agent_r1.pipeline.control import control
+from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer, for_method, rl_methods, rl_seconds
+from agent_r1.pipeline.state import history_path
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import Step, Trajectory
 from agent_r1.transcripts import transcript
@@ -86,11 +88,11 @@ def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_
     cfg = tiny_cfg(tmp_path, "rl.checkpoint_every=2")
     stages.prepare(cfg)
     stages.sft(cfg)
-    trainer = stages.RLTrainer(cfg)
+    trainer = RLTrainer.from_config(cfg)
     for _ in range(3):  # the state is saved after iteration 2; iteration 3 is lost in the "crash"
         trainer.step()
     del trainer
-    resumed = stages.RLTrainer(cfg)
+    resumed = RLTrainer.from_config(cfg)
     assert resumed.iteration == 2 and [h["iteration"] for h in resumed.history] == [1, 2]
     resumed.run()
     history = json.loads((cfg.out / "metrics" / "train" / "grpo.json").read_text())
@@ -101,14 +103,16 @@ def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_
     mtime = sft_weights.stat().st_mtime_ns
     stages.sft(cfg)
     assert sft_weights.stat().st_mtime_ns == mtime
-    again = stages.RLTrainer(cfg)
-    assert again.complete and again.done and again.finish() == cfg.out / "rl" / "grpo"
+    rl_weights = cfg.out / "rl" / "grpo" / "model.safetensors"
+    mtime = rl_weights.stat().st_mtime_ns
+    assert RLFiles.of(cfg).complete() and stages.train(cfg) == [cfg.out / "rl" / "grpo"]
+    assert rl_weights.stat().st_mtime_ns == mtime  # skipped: finished under this config
 
     changed = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"tasks_per_iteration": 3})})
-    t = stages.RLTrainer(changed)
+    t = RLTrainer.from_config(changed)
     for _ in range(2):
         t.step()
-    assert stages.RLTrainer(changed.model_copy(update={"seed": 1})).iteration == 0  # other seed: fresh
+    assert RLTrainer.from_config(changed.model_copy(update={"seed": 1})).iteration == 0  # other seed: fresh
 
 
 def test_rl_trains_on_the_configured_question_types_only(tmp_path):
@@ -116,11 +120,11 @@ def test_rl_trains_on_the_configured_question_types_only(tmp_path):
     stages.prepare(cfg)
     stages.sft(cfg)
     train = pd.read_parquet(cfg.out / "data" / "train.parquet")
-    trainer = stages.RLTrainer(cfg)
+    trainer = RLTrainer.from_config(cfg)
     assert {t["qtype"] for t in trainer.tasks} == {"director_birthplace"}
     assert len(trainer.tasks) == (train["qtype"] == "director_birthplace").sum()
     with pytest.raises(ValueError, match=r"no training questions with rl.hops=\[\] or rl.qtypes=\[\]"):
-        stages.RLTrainer(tiny_cfg(tmp_path, "rl.hops=[]"))
+        RLTrainer.from_config(tiny_cfg(tmp_path, "rl.hops=[]"))
 
 
 # ------------------------------------------------------------------------------ comparison
@@ -141,8 +145,8 @@ def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
     cfg = load_config("cmp", f)
     assert (cfg.rl.iterations, cfg.rl.learner.lr, cfg.rl.learner.mini_batches) == (7, 0.1, 3)
     assert cfg.output_dir == "outputs/cmp"  # not inherited
-    assert stages.rl_methods(cfg) == ["ppo", "rloo_no_adv_mask"]
-    assert stages.for_method(cfg, "rloo_no_adv_mask").rl.adv_mask is False
+    assert rl_methods(cfg) == ["ppo", "rloo_no_adv_mask"]
+    assert for_method(cfg, "rloo_no_adv_mask").rl.adv_mask is False
     with pytest.raises(ConfigError, match="extends 'nope'"):
         load_config("bad", f)
     with pytest.raises(ConfigError, match="cycle"):
@@ -238,10 +242,10 @@ def test_the_control_budget_is_rl_s_recorded_training_time(tmp_path):
     # read from the method's history, so a control after a skipped (complete) or resumed train
     # stage still gets RL's time, not the few seconds the skipped stage took
     cfg = tiny_cfg(tmp_path)
-    path = stages.history_path(cfg, stages.rl_method(cfg))
+    path = history_path(cfg, cfg.rl.method)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps([{"iteration": i, "time/iteration_s": 2.5} for i in range(1, 5)]))
-    assert stages.rl_seconds(cfg) == 10.0
+    assert rl_seconds(cfg) == 10.0
 
 
 @pytest.mark.slow
@@ -252,7 +256,7 @@ def test_control_stops_at_its_time_budget(tmp_path):
     stages.prepare(cfg)
     stages.sft(cfg)
     t0 = time.perf_counter()
-    out = stages.control(cfg, seconds=1.0)
+    out = control(cfg, seconds=1.0)
     assert time.perf_counter() - t0 < 30  # one step past the budget, not a whole pass
     assert (out / "model.safetensors").exists() and out == cfg.out / "checkpoints" / "sft_control"
 
@@ -263,3 +267,11 @@ def test_a_single_hotpotqa_file_prepares_a_test_split_only(tmp_path):
     info = stages.prepare(cfg)
     assert info["test_questions"] == 300 and "train_questions" not in info
     assert not (tmp_path / "data" / "train.parquet").exists()
+
+
+def test_a_tiny_vocabulary_the_text_cannot_fill_is_rejected(tmp_path):
+    cfg = tiny_cfg(tmp_path, "model.tiny.vocab_size=4096")  # 24 films give ~720 BPE tokens
+    stages.prepare(cfg)
+    with pytest.raises(ConfigError, match=r"model.tiny.vocab_size: 4096 tokens asked, .* only \d+ .* at most \d+"):
+        stages.sft(cfg)
+    assert not (cfg.out / "checkpoints" / "sft").exists()

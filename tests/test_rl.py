@@ -1,15 +1,18 @@
-"""RL end to end: process rewards reach the advantages, and a short run of GRPO learns a tiny task."""
+"""RL end to end through the driver that ships (:class:`agent_r1.pipeline.rl_driver.RLTrainer`):
+process rewards reach the advantages, a short run of GRPO learns a tiny task, GAE trains a
+critic, and an estimator registered here (nowhere in the library) runs an iteration."""
 
 import statistics
 
 import pytest
 import torch
 
-from agent_r1.config import RLConfig
+from agent_r1.algorithms import ADVANTAGES, POLICY_LOSSES, register_advantage, register_policy_loss, vanilla_pg_loss
+from agent_r1.config import ConfigError, RLConfig, load_config, parse_overrides
 from agent_r1.context import ContextManager
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import Learner, LearnerConfig, ValueModel
-from agent_r1.rl import annotate, rl_iteration, rollout
+from agent_r1.pipeline.rl_driver import RLTrainer, annotate
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 
@@ -94,19 +97,19 @@ class LetterEnv(ToolEnv):
 TASKS = [{"id": "a", "prompt": "go"}, {"id": "b", "prompt": "write"}]
 
 
+def _trainer(learner, tok, cfg: RLConfig) -> RLTrainer:
+    engine = HFEngine(learner.model, tok)  # the rollout shares the policy's weights
+    return RLTrainer(learner, engine, LetterEnv, TASKS, ContextManager(tok), cfg, max_new_tokens=6,
+                     max_context_tokens=256, seed=0)
+
+
 @pytest.mark.slow
 def test_grpo_raises_the_reward_of_a_tiny_task(tok, make_model):
-    torch.manual_seed(0)
     learner = Learner(make_model(seed=0), LearnerConfig(lr=2e-2))
-    engine = HFEngine(learner.model, tok)  # the rollout shares the policy's weights
-    cfg = RLConfig(algorithm="grpo", group_size=8)
-    rewards = []
-    for _ in range(25):
-        stats, trajs = rl_iteration(
-            learner, engine, LetterEnv, TASKS, ContextManager(tok), cfg, 6, 256, tok.pad_token_id
-        )
-        assert stats["turns"] == 2 and len(trajs) == 16
-        rewards.append(stats["reward_mean"])
+    trainer = _trainer(learner, tok, RLConfig(algorithm="grpo", group_size=8, tasks_per_iteration=2, iterations=25))
+    assert trainer.run() is None  # no files to write: the agent stays in memory
+    assert trainer.iteration == 25 and all(h["turns"] == 2 for h in trainer.history)
+    rewards = [h["reward_mean"] for h in trainer.history]
     first, last = statistics.fmean(rewards[:3]), statistics.fmean(rewards[-3:])
     assert first < 0.15
     assert last > first + 0.25, rewards
@@ -114,17 +117,71 @@ def test_grpo_raises_the_reward_of_a_tiny_task(tok, make_model):
 
 @pytest.mark.slow
 def test_one_gae_iteration_trains_policy_and_critic(tok, make_model):
-    torch.manual_seed(0)
+    cfg = RLConfig(algorithm="gae", group_size=4)
+    with pytest.raises(ValueError, match="'gae' needs a critic"):
+        _trainer(Learner(make_model(seed=0), LearnerConfig()), tok, cfg)
     learner = Learner(
         make_model(seed=0), LearnerConfig(lr=1e-2, critic_lr=1e-2), critic=ValueModel(make_model(seed=0))
     )
-    engine = HFEngine(learner.model, tok)
+    trainer = _trainer(learner, tok, cfg)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    cfg = RLConfig(algorithm="gae", group_size=4)
-    trajs = rollout(engine, LetterEnv, TASKS, ContextManager(tok), cfg, 6, 256)
-    assert min(t.total_reward for t in trajs) < max(t.total_reward for t in trajs)
-    stats, _ = rl_iteration(learner, engine, LetterEnv, TASKS, ContextManager(tok), cfg, 6, 256, tok.pad_token_id)
+    trajs = trainer.rollout()
+    assert len(trajs) == 8 and min(t.total_reward for t in trajs) < max(t.total_reward for t in trajs)
+    stats = trainer.end_iteration(trajs, trainer.update(trainer.annotate(trajs)))
     assert {"critic/loss", "policy/pg_loss"} <= stats.keys() and stats["critic/loss"] > 0
+    assert stats["iteration"] == trainer.iteration == 1
     after = learner.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert learner.critic.module.head.weight.ne(0).any()  # zero-initialised head has learned
+
+
+# ------------------------------------------------------------------------------- a new estimator
+
+CALLS = []
+
+
+@pytest.fixture
+def centred_estimator():
+    """An estimator and a policy loss registered by this test module alone: the estimator is
+    ``scale * (score - group mean)``, the loss the vanilla one, recording its settings."""
+
+    @register_policy_loss("test_vanilla", settings=("clip_low",))
+    def loss(logprobs, old_logprobs, advantages, mask, agg, clip_low):
+        CALLS.append(("loss", agg, clip_low))
+        return vanilla_pg_loss(logprobs, old_logprobs, advantages, mask, agg)
+
+    @register_advantage("test_centred", needs_groups=True, report_name="centred")
+    def centred(inp, *, scale: float = 1.0):
+        CALLS.append(("advantage", scale))
+        m = inp.mask.bool()
+        scores = torch.where(m, inp.token_rewards, 0).sum(-1)
+        means = torch.stack([scores[inp.group_ids == g].mean() for g in inp.group_ids])
+        adv = torch.where(m, scale * (scores - means)[:, None], 0)
+        return adv, adv
+
+    yield "test_centred"
+    del ADVANTAGES["test_centred"], POLICY_LOSSES["test_vanilla"]
+
+
+def test_a_registered_estimator_and_loss_need_no_edit_to_run(centred_estimator, tok, make_model, tmp_path):
+    # the config knows it, its settings and what it needs, from its registry entry
+    def cfg(*overrides):
+        return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *overrides]))
+
+    c = cfg("rl.algorithm=test_centred", "rl.advantage_settings={scale: 2.0}")
+    assert c.rl.method == "centred" and c.rl.advantage_settings == {"scale": 2.0}
+    with pytest.raises(ConfigError, match=r"'test_centred' has no setting\(s\) \['nope'\]; its settings: \['scale'\]"):
+        cfg("rl.algorithm=test_centred", "rl.advantage_settings={nope: 1}")
+    with pytest.raises(ConfigError, match="rl.group_size: estimator 'test_centred' .* needs group_size >= 2, got 1"):
+        cfg("rl.algorithm=test_centred", "rl.group_size=1")
+
+    # and the driver runs an iteration with it
+    CALLS.clear()
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2, policy_loss="test_vanilla", clip_low=0.3))
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    trainer = _trainer(learner, tok, c.rl.model_copy(update={"group_size": 4, "tasks_per_iteration": 2}))
+    assert trainer.method == "centred" and learner.critic is None
+    stats = trainer.step()
+    assert CALLS[0] == ("advantage", 2.0) and set(CALLS[1:]) == {("loss", "token-mean", 0.3)}
+    assert stats["iteration"] == 1 and "policy/pg_loss" in stats
+    assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())

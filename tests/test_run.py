@@ -10,7 +10,7 @@ from agent_r1.context import ContextManager
 from agent_r1.data.synthetic import WorldConfig, generate
 from agent_r1.envs import MultiHopQAEnv
 from agent_r1.models import train_tokenizer
-from agent_r1.pipeline import run_all
+from agent_r1.pipeline import STAGES, run_all
 from agent_r1.run import tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.tools import SearchIndex, make_search_tool
@@ -79,7 +79,10 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
         "model.tiny.vocab_size=400",
     ])
     cfg = load_config("tiny", "pipelines.yaml", overrides)
-    results = run_all(cfg)["eval"]
+    out = run_all(cfg)
+    results = out["eval"]
+    # the one stage sequence, in STAGES' order (register needs MLflow tracking, off here)
+    assert [k.removesuffix("_s") for k in out["timings"]] == [s for s in STAGES if s != "register"] + ["total"]
     written = json.loads((tmp_path / "metrics" / "eval.json").read_text())
     assert written == json.loads(json.dumps(results))
     card = json.loads((tmp_path / "metrics" / "model.json").read_text())  # what was trained, beside it

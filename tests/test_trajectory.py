@@ -68,7 +68,7 @@ def test_parquet_round_trip_keeps_every_field(tmp_path):
                     reward=0.5,
                     format_error=True,
                     tool_errors=2,
-                    truncated=True,
+                    hit_max_new_tokens=True,
                 ),
                 Step([1, 2, 3, 4, 5, 9], [6], [-0.75], action_text="<answer>x</answer>"),
             ],
@@ -83,7 +83,7 @@ def test_parquet_round_trip_keeps_every_field(tmp_path):
     assert back == trajs
     # flags survive with their Python types, not numpy ones
     s = back[0].steps[0]
-    assert type(s.format_error) is bool and type(s.truncated) is bool and type(s.tool_errors) is int
+    assert type(s.format_error) is bool and type(s.hit_max_new_tokens) is bool and type(s.tool_errors) is int
     assert from_frame(to_frame(back)) == trajs
 
 

@@ -1,5 +1,5 @@
 """Pure tensor functions for RL on agent trajectories: advantage estimators and losses,
-registered by name (`get_advantage`, `get_policy_loss`)."""
+registered by name with what they need (`get_advantage`, `get_policy_loss`; see `registry`)."""
 
 from agent_r1.algorithms.advantages import (
     AdvantageInputs,
@@ -26,6 +26,8 @@ from agent_r1.algorithms.losses import (
 from agent_r1.algorithms.registry import (
     ADVANTAGES,
     POLICY_LOSSES,
+    Estimator,
+    PolicyLoss,
     get_advantage,
     get_policy_loss,
     register_advantage,
@@ -38,6 +40,8 @@ __all__ = [
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageInputs",
+    "Estimator",
+    "PolicyLoss",
     "aggregate",
     "entropy_from_logits",
     "gae",

@@ -81,7 +81,7 @@ def _group_size_and_sum(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
     return n[inv], total[inv]
 
 
-@register_advantage("gae")
+@register_advantage("gae", needs_critic=True, report_name="ppo")
 def gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
     """Token-level GAE over action tokens only (Agent-R1's advantage mask).
 
@@ -97,7 +97,7 @@ def gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
     return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
 
 
-@register_advantage("step_gae")
+@register_advantage("step_gae", needs_critic=True, report_name="ppo_step")
 def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
     """Step-level GAE: each model turn is one step.
 
@@ -140,7 +140,7 @@ def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register_advantage("grpo")
+@register_advantage("grpo", needs_groups=True)
 def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GRPO: `(score - group mean) / (group std + eps)` on every action token.
 
@@ -150,13 +150,13 @@ def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return _grpo(inp, scale=True)
 
 
-@register_advantage("grpo_no_std")
+@register_advantage("grpo_no_std", needs_groups=True)
 def grpo_no_std(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Dr. GRPO: `score - group mean`, without the std division; otherwise as `grpo`."""
     return _grpo(inp, scale=False)
 
 
-@register_advantage("rloo")
+@register_advantage("rloo", needs_groups=True)
 def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """RLOO: `score - mean of the other scores in the group` on every action token.
 
@@ -181,7 +181,7 @@ def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, 
     return (masked_whiten(rtg, m, inp.eps) if whiten else rtg), rtg
 
 
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: the `reinforce_pp` return-to-go minus the group mean of the
     trajectory scores (score as in `grpo`), then whitened as in `reinforce_pp`.

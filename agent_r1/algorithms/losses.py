@@ -48,7 +48,7 @@ def _approx_kl(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> float:
     return aggregate((old_logprobs - logprobs).detach(), mask, "token-mean").item()
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", settings=("clip_low", "clip_high", "dual_clip"))
 def ppo_clip_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

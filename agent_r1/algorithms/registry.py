@@ -1,4 +1,12 @@
-"""Name → function registries for advantage estimators and policy losses.
+"""Name → entry registries for advantage estimators and policy losses.
+
+An entry carries what the RL driver and the learner need to use it, so a new estimator or loss
+is one registered function, with no edit anywhere else:
+
+- an :class:`Estimator` says whether it needs a learned critic (values), whether it needs
+  groups of samples of one task (a group baseline), the name results are reported under, and
+  its own settings (its keyword-only parameters, set by ``rl.advantage_settings``);
+- a :class:`PolicyLoss` names the learner settings (``rl.learner.*``) it takes.
 
 Registration happens when `agent_r1.algorithms` is imported (its `__init__` imports the modules
 that define them), so look-ups through the package always see every built-in.
@@ -6,43 +14,101 @@ that define them), so look-ups through the package always see every built-in.
 
 from __future__ import annotations
 
-from typing import Callable
-
-ADVANTAGES: dict[str, Callable] = {}
-POLICY_LOSSES: dict[str, Callable] = {}
-
-
-def _register(table: dict[str, Callable], kind: str, name: str) -> Callable[[Callable], Callable]:
-    def decorator(fn: Callable) -> Callable:
-        if name in table:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        table[name] = fn
-        return fn
-
-    return decorator
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 
-def _get(table: dict[str, Callable], kind: str, name: str) -> Callable:
+def _keyword_settings(fn: Callable) -> dict[str, Any]:
+    """The keyword-only parameters of ``fn`` and their defaults."""
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered advantage estimator: `fn(inp: AdvantageInputs, **settings) -> (advantages, returns)`."""
+
+    name: str
+    fn: Callable
+    needs_critic: bool = False  # reads AdvantageInputs.values: the driver builds a critic (value head)
+    needs_groups: bool = False  # a baseline over the samples of one task: rl.group_size must be > 1
+    report_name: str = ""  # the name results are reported under (gae: "ppo"); default: `name`
+    settings: dict[str, Any] = field(default_factory=dict)  # keyword-only parameters → defaults
+
+    def __call__(self, inp, **settings):
+        return self.fn(inp, **settings)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: `fn(logprobs, old_logprobs, advantages, mask, agg=..., **settings) -> (loss, metrics)`.
+
+    ``settings`` names the learner settings (fields of ``LearnerConfig``) it is called with,
+    as keyword arguments of the same names; ``agg`` is always ``rl.learner.loss_agg``."""
+
+    name: str
+    fn: Callable
+    settings: tuple[str, ...] = ()
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def kwargs(self, learner_cfg) -> dict[str, Any]:
+        """The keyword arguments this loss takes from a learner config."""
+        return {"agg": learner_cfg.loss_agg} | {k: getattr(learner_cfg, k) for k in self.settings}
+
+
+ADVANTAGES: dict[str, Estimator] = {}
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def _add(table: dict, kind: str, entry) -> None:
+    if entry.name in table:
+        raise ValueError(f"{kind} {entry.name!r} is already registered")
+    table[entry.name] = entry
+
+
+def _get(table: dict, kind: str, name: str):
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
     return table[name]
 
 
-def register_advantage(name: str) -> Callable[[Callable], Callable]:
-    """Register `fn(inp: AdvantageInputs) -> (advantages, returns)` under `name`."""
-    return _register(ADVANTAGES, "advantage", name)
+def register_advantage(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
+                       report_name: str | None = None) -> Callable[[Callable], Callable]:
+    """Register `fn(inp: AdvantageInputs, *, setting=default, ...) -> (advantages, returns)` as `name`.
+
+    ``needs_critic``: the estimator reads ``inp.values`` (the RL driver then trains a critic);
+    ``needs_groups``: it compares the samples of one task (``rl.group_size`` must be > 1);
+    ``report_name``: the method name results are reported under (default ``name``). The
+    function's keyword-only parameters are its settings (``rl.advantage_settings``).
+    """
+    def decorator(fn: Callable) -> Callable:
+        _add(ADVANTAGES, "advantage", Estimator(name, fn, needs_critic, needs_groups, report_name or name,
+                                                _keyword_settings(fn)))
+        return fn
+
+    return decorator
 
 
-def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    """Register `fn(logprobs, old_logprobs, advantages, mask, ...) -> (loss, metrics)` as `name`."""
-    return _register(POLICY_LOSSES, "policy loss", name)
+def register_policy_loss(name: str, *, settings: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Register `fn(logprobs, old_logprobs, advantages, mask, agg, **settings) -> (loss, metrics)` as
+    `name`; ``settings`` are the ``rl.learner`` fields it is called with (same-named keywords)."""
+    def decorator(fn: Callable) -> Callable:
+        _add(POLICY_LOSSES, "policy loss", PolicyLoss(name, fn, tuple(settings)))
+        return fn
+
+    return decorator
 
 
-def get_advantage(name: str) -> Callable:
-    """The advantage estimator registered as `name`; KeyError listing the known names otherwise."""
+def get_advantage(name: str) -> Estimator:
+    """The advantage estimator registered as `name` (callable like its function); KeyError
+    listing the known names otherwise."""
     return _get(ADVANTAGES, "advantage", name)
 
 
-def get_policy_loss(name: str) -> Callable:
-    """The policy loss registered as `name`; KeyError listing the known names otherwise."""
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered as `name` (callable like its function); KeyError listing the
+    known names otherwise."""
     return _get(POLICY_LOSSES, "policy loss", name)

@@ -26,7 +26,7 @@ class EnvStep:
     info: dict = field(default_factory=dict)
 
 
-_METRICS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncations")
+_METRICS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncated_tool_outputs")
 _MAX_NAME_CHARS, _MAX_ERROR_CHARS = 64, 500  # a tool name / an error message as shown to the model
 
 
@@ -123,7 +123,7 @@ class ToolEnv:
         m["format_errors"] += int(info["format_error"])
         m["tool_errors"] += info["tool_errors"]
         m["timeouts"] += info["timed_out"]
-        m["truncations"] += info["truncated"]
+        m["truncated_tool_outputs"] += info["truncated"]
         if self.metrics["turns"] >= self.max_turns:
             return self._finish(observation, reward, info, "max_turns", action_text)
         return EnvStep(observation, reward, False, info)

@@ -310,7 +310,7 @@ class Learner:
             mask = mb["loss_mask"]
             loss, metrics = self.policy_loss(
                 logp, mb["old_logprobs"] if "old_logprobs" in mb else logp.detach(), mb["advantages"], mask,
-                **self._loss_kwargs()
+                **self.policy_loss.kwargs(cfg)
             )
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in metrics.items()}
@@ -345,15 +345,9 @@ class Learner:
                     for k, v in self._accumulate(self.critic, batch, rows, "adv_mask", critic_loss_fn).items():
                         history.setdefault(k, []).append(v)
         stats = {k: sum(v) / len(v) for k, v in history.items()}
-        stats["update/live_rows"] = float(live.float().mean())  # share of rows the policy update ran
+        stats["update/live_share"] = float(live.float().mean())  # share of rows the policy update ran
         stats["update/tokens"] = int(batch["attention_mask"][live].sum()) * cfg.ppo_epochs
         return stats
-
-    def _loss_kwargs(self) -> dict:
-        cfg = self.cfg
-        if cfg.policy_loss == "ppo":
-            return dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=cfg.loss_agg)
-        return dict(agg=cfg.loss_agg)
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: str | Path, tokenizer=None) -> Path:

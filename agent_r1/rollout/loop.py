@@ -86,7 +86,7 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: Conte
             reward=float(res.reward),
             format_error=bool(info.get("format_error", False)),
             tool_errors=int(info.get("tool_errors", 0)),
-            truncated=not gen.finished,
+            hit_max_new_tokens=not gen.finished,
         )
     )
     if res.done:

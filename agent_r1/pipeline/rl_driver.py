@@ -1,0 +1,295 @@
+"""The RL driver: the one implementation of an RL iteration, rollout → annotate → update →
+end_iteration, and the train stage built on it.
+
+:class:`RLTrainer` steps through the iterations; ``agent-r1 train``, ``agent-r1 stage train``
+(``dvc repro``) and the Prefect flows all run :meth:`RLTrainer.run`, the flows with a
+:class:`~agent_r1.pipeline.runner.Runner` that makes each phase a task. Build one from parts
+(a learner, an engine, an environment factory, tasks) for a task of your own, or from a
+pipeline config with :meth:`RLTrainer.from_config`.
+
+What an estimator needs (a critic, groups, its settings) comes from its registry entry
+(:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agent_r1.algorithms import AdvantageInputs, get_advantage
+from agent_r1.config import RLConfig, RunConfig, parse_method
+from agent_r1.context import ContextManager
+from agent_r1.data.synthetic import load_split
+from agent_r1.learner import Learner, ValueModel
+from agent_r1.models import load_model
+from agent_r1.pipeline.record import NULL_LOG, StageLog
+from agent_r1.pipeline.runner import DIRECT, Runner
+from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete, mark_complete, resumable,
+                                     save_state, write_json)
+from agent_r1.progress import Progress
+from agent_r1.rollout import HFEngine, RolloutEngine, SamplingParams, run_episodes
+from agent_r1.run import Agent, make_search, tasks_for
+from agent_r1.trajectory import Trajectory, collate, to_sequences
+from agent_r1.transcripts import transcripts
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ the phases
+def rollout(engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager, cfg: RLConfig,
+            max_new_tokens: int, max_context_tokens: int | None = None, on_turn=None) -> list[Trajectory]:
+    """``group_size`` sampled episodes per task; episodes of one task share a group id."""
+    reps = [t for t in tasks for _ in range(cfg.group_size)]
+    groups = [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
+    params = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens)
+    return run_episodes(engine, make_env, reps, context, params, groups, max_context_tokens, on_turn)
+
+
+def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> dict:
+    """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages
+    (from the estimator ``cfg.algorithm`` with its ``cfg.advantage_settings``).
+
+    Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
+    and are left out; if that leaves none, the environment is broken and this raises."""
+    trajs = [t for t in trajs if t.metrics.get("stop_reason") != "env_error"]
+    if not trajs:
+        raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
+    batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
+    values = learner.values(batch) if learner.critic is not None else None
+    inputs = AdvantageInputs(token_rewards=batch["token_rewards"], mask=batch["adv_mask"], group_ids=batch["group_ids"],
+                             values=values, step_ids=batch["step_ids"], gamma=cfg.gamma, lam=cfg.lam)
+    adv, ret = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
+    batch.update(advantages=adv, returns=ret)
+    if values is not None:
+        batch["old_values"] = values
+    # old log-probs only where the update will need them (rows that can carry a gradient), and
+    # not at all when the update is a single step: then they are the update's own, detached
+    if not learner.single_step:
+        batch["old_logprobs"] = learner.logprobs(batch, rows=learner.policy_rows(batch))
+    if learner.reference is not None and learner.cfg.kl_coef > 0:
+        batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
+    return batch
+
+
+def update(learner, batch: dict, generator: torch.Generator | None = None) -> dict:
+    """The learner's update, with its training throughput (tokens of the rows it ran per s)."""
+    t0 = time.perf_counter()
+    stats = learner.update(batch, generator)
+    stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
+    return stats
+
+
+def rollout_stats(trajs: list[Trajectory]) -> dict:
+    rewards = [t.total_reward for t in trajs]
+    turns = sum(len(t.steps) for t in trajs)
+    return {
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "em": statistics.fmean(t.metrics.get("em", 0.0) for t in trajs),
+        "tool_calls": statistics.fmean(t.metrics.get("tool_calls", 0) for t in trajs),
+        "format_errors": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
+        "turns": turns / len(trajs),
+        "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs) / len(trajs),
+    }
+
+
+# ------------------------------------------------------------------------------ methods
+def rl_methods(cfg: RunConfig) -> list[str]:
+    """The RL methods the pipeline trains: ``methods`` (a comparison) or just ``rl.algorithm``."""
+    return list(cfg.methods) or [cfg.rl.method]
+
+
+def for_method(cfg: RunConfig, method: str) -> RunConfig:
+    """The config that trains ``method`` (its estimator and masks; everything else shared)."""
+    return cfg.model_copy(update={"rl": cfg.rl.model_copy(update=parse_method(method))})
+
+
+# ------------------------------------------------------------------------------ the driver
+@dataclass(frozen=True)
+class RLFiles:
+    """Where a pipeline's RL run writes: the agent, the per-iteration metrics, the resumable
+    state, and the fingerprint of the config they belong to."""
+
+    checkpoint: Path
+    history: Path
+    state: Path
+    fingerprint: str
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "RLFiles":
+        method = cfg.rl.method
+        return cls(checkpoint_dir(cfg, method), history_path(cfg, method), cfg.out / "state" / f"rl_{method}",
+                   fingerprint(cfg, "data", "model", "env", "sft", "rl"))
+
+    def complete(self) -> bool:
+        """Finished before under this config (then a re-run skips it)."""
+        return is_complete(self.checkpoint, self.fingerprint) and self.history.exists()
+
+
+class RLTrainer:
+    """The RL iterations, one at a time: :meth:`rollout` → :meth:`annotate` → :meth:`update` →
+    :meth:`end_iteration` (:meth:`step` is one iteration, :meth:`run` all of them).
+
+    ``learner`` trains the policy that ``engine`` samples from (they share the weights);
+    ``make_env()`` gives a fresh environment per episode; each iteration samples
+    ``cfg.tasks_per_iteration`` of ``tasks`` (with the trainer's generator, seeded by
+    ``seed``) and ``cfg.group_size`` episodes of each. With ``files``, every
+    ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
+    atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
+    the agent and its metrics.
+    """
+
+    def __init__(self, learner: Learner, engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager,
+                 cfg: RLConfig, *, max_new_tokens: int, max_context_tokens: int | None = None, seed: int = 0,
+                 stage_log: StageLog = NULL_LOG, files: RLFiles | None = None):
+        if get_advantage(cfg.algorithm).needs_critic and learner.critic is None:
+            raise ValueError(f"estimator {cfg.algorithm!r} needs a critic: give the Learner critic=ValueModel(...)")
+        if not tasks:
+            raise ValueError("RLTrainer: no tasks to train on")
+        self.learner, self.engine, self.make_env, self.tasks, self.context = learner, engine, make_env, tasks, context
+        self.cfg, self.log, self.files = cfg, stage_log, files
+        self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
+        self.method = cfg.method
+        self.tokenizer = context.tokenizer
+        self.rng = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.iteration, self.history = 0, []
+        if files is not None and resumable(files.state, files.fingerprint):
+            client = self.learner.load_state(files.state)
+            self.iteration, self.history = client["step"], client["history"]
+            self.rng.set_state(client["rng"])
+            torch.set_rng_state(client["torch_rng"])
+            log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,
+                     files.state)
+        self._t0 = time.perf_counter()
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, stage_log: StageLog = NULL_LOG, tracker=None) -> "RLTrainer":
+        """The pipeline's RL run: the start model (``rl.init_from`` or ``checkpoints/sft``), a
+        reference when ``kl_coef > 0``, a critic when the estimator needs one, the training
+        questions of ``rl.hops`` / ``rl.qtypes``; resumes from ``state/`` when it can."""
+        data_dir = cfg.out / "data"
+        model, tokenizer = _load_start(cfg, tracker)
+        agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
+        lc = cfg.rl.learner
+        reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
+        critic = ValueModel(_load_start(cfg, tracker)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
+        learner = Learner(model, lc, reference=reference, critic=critic, precision=cfg.model.precision)
+        engine = HFEngine(model, tokenizer, precision=cfg.model.precision)
+        tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+        if not tasks:
+            raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} or rl.qtypes={cfg.rl.qtypes} "
+                             f"in {data_dir}/train.parquet")
+        return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl, max_new_tokens=cfg.env.max_new_tokens,
+                   max_context_tokens=cfg.env.max_context_tokens, seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg))
+
+    @property
+    def done(self) -> bool:
+        return self.iteration >= self.cfg.iterations
+
+    def rollout(self) -> list[Trajectory]:
+        """Sample this iteration's tasks and run ``group_size`` episodes of each."""
+        pick = torch.randperm(len(self.tasks), generator=self.rng)[: self.cfg.tasks_per_iteration].tolist()
+        self._batch_tasks = [self.tasks[i] for i in pick]
+        self._t0 = time.perf_counter()
+        trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
+                        self.max_new_tokens, self.max_context_tokens)
+        self._t_rollout = time.perf_counter() - self._t0
+        return trajs
+
+    def annotate(self, trajs: list[Trajectory]) -> dict:
+        """Reward annotation: rewards, advantages, loss masks, sampling and reference log-probs."""
+        return annotate(self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
+
+    def update(self, batch: dict) -> dict:
+        return update(self.learner, batch, self.rng)
+
+    def end_iteration(self, trajs: list[Trajectory], stats: dict) -> dict:
+        """Record the iteration's metrics; save a resumable state when due."""
+        self.iteration += 1
+        stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in self.engine.stats().items()},
+                 "iteration": self.iteration,
+                 "time/rollout_s": self._t_rollout, "time/iteration_s": time.perf_counter() - self._t0}
+        self.history.append(stats)
+        self.log.metrics(stats, self.iteration)
+        if self.iteration == 1 or self.iteration % (5 * self.cfg.checkpoint_every) == 0:
+            self.log.text(transcripts(trajs, self._batch_tasks, limit=4), f"rollouts/iteration_{self.iteration:05d}.md")
+        if self.files is not None and self.iteration % self.cfg.checkpoint_every == 0 and not self.done:
+            client = {"step": self.iteration, "history": self.history, "rng": self.rng.get_state(),
+                      "torch_rng": torch.get_rng_state()}
+            save_state(self.learner, self.files.state, self.files.fingerprint, client)
+        return stats
+
+    def step(self, runner: Runner = DIRECT) -> dict:
+        """One RL iteration; returns its metrics."""
+        trajs = runner.rollout(self)
+        return runner.end_iteration(self, trajs, runner.update(self, runner.annotate(self, trajs)))
+
+    def finish(self) -> Path | None:
+        """Write the agent, its per-iteration metrics and the complete marker (with ``files``)."""
+        if self.files is None:
+            return None
+        out = self.learner.save(self.files.checkpoint, self.tokenizer)
+        write_json(self.files.history, self.history)
+        mark_complete(out, self.files.fingerprint)
+        self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
+        shutil.rmtree(self.files.state, ignore_errors=True)
+        return out
+
+    def run(self, progress: Progress | None = None, runner: Runner = DIRECT) -> Path | None:
+        """Every remaining iteration, then :meth:`finish`."""
+        total = self.cfg.iterations
+        with (progress or Progress.null()).task(f"rl {self.method}", total=total) as report:
+            report(f"iteration {self.iteration}/{total}", self.iteration / max(total, 1))
+            while not self.done:
+                s = self.step(runner)
+                report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, EM {s['em']:.3f}, "
+                       f"tool calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
+        return runner.rl_finish(self)
+
+
+def _load_start(cfg: RunConfig, tracker=None) -> tuple[torch.nn.Module, object]:
+    """RL's starting model: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
+    src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
+    if src.startswith(("models:/", "runs:/")):
+        if tracker is None:
+            raise ValueError(f"rl.init_from={src!r} needs MLflow tracking to resolve")
+        src = str(tracker.load_agent(src, cfg.out / "state" / "init_model"))
+    if not Path(src, "config.json").exists():
+        raise FileNotFoundError(f"RL start model {src} not found: run the sft stage first (or set rl.init_from)")
+    return load_model(src)
+
+
+# ------------------------------------------------------------------------------ the stage
+def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None, tracker=None,
+          methods: list[str] | None = None, runner: Runner = DIRECT) -> list[Path]:
+    """RL from the SFT checkpoint (or ``rl.init_from``) for each method (default
+    :func:`rl_methods`); writes ``rl/<method>``. A method finished before under the same
+    config is skipped. A comparison (``methods``) gets one nested MLflow run per method."""
+    out = []
+    for method in methods or rl_methods(cfg):
+        mcfg = for_method(cfg, method)
+        files = RLFiles.of(mcfg)
+        if files.complete():  # e.g. a re-run after a crash in a later stage
+            log.info("rl: %s is up to date for this config; skipping", files.checkpoint)
+            out.append(files.checkpoint)
+            continue
+        mlog = stage_log.child(method) if cfg.methods else stage_log
+        trainer = runner.rl_setup(RLTrainer.from_config, mcfg, mlog, tracker)
+        out.append(trainer.run(progress, runner))
+        if mlog is not stage_log:
+            mlog.end()
+    return out
+
+
+def rl_seconds(cfg: RunConfig) -> float:
+    """The RL method's training time: its iterations' recorded wall time (also right when the
+    train stage was skipped as complete, or resumed)."""
+    return sum(h["time/iteration_s"] for h in json.loads(history_path(cfg, cfg.rl.method).read_text()))
