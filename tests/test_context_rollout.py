@@ -1,5 +1,7 @@
 """Context managers, the HF rollout engine, the agent loop, and token-in-token-out end to end."""
 
+import json
+
 import pytest
 import torch
 
@@ -376,3 +378,14 @@ def test_kv_reuse_is_reset_between_batches_of_episodes(tok, make_model):
     assert engine.stats() == {"prefill_tokens": 0, "prefill_reused_share": 0.0}
     engine.generate([ctx + g.ids + tok.encode(" ok")], params)
     assert engine.stats()["prefill_reused_share"] == 0.0
+
+
+def test_tiny_chat_template_puts_the_system_text_and_each_tool_on_its_own_line(tok):
+    tools = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("a", "b")]
+    schema = [json.dumps(t) for t in tools]
+    msgs = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "hi"}]
+    system = tok.apply_chat_template(msgs, tools=tools, tokenize=False).split("<|im_end|>")[0]
+    assert system == "<|im_start|>system\nSYS\nTools:\n" + "\n".join(schema)
+    system = tok.apply_chat_template(msgs[1:], tools=tools, tokenize=False).split("<|im_end|>")[0]
+    assert system == "<|im_start|>system\nTools:\n" + "\n".join(schema)
+    assert tok.apply_chat_template(msgs, tokenize=False).startswith("<|im_start|>system\nSYS<|im_end|>\n")
