@@ -10,7 +10,7 @@ from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
 from agent_r1.rl import annotate
-from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
+from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
 
@@ -254,7 +254,7 @@ SEARCH_CALL = '{"name": "search", "arguments": {"query": "Mona Lisa"}}'
 
 
 def test_token_in_token_out_from_rollout_to_learner_batch(
-    tok, frozen_learner, corpus, tasks, scripted_engine, split_ids, tmp_path
+    tok, frozen_learner, corpus, tasks, split_ids, tmp_path
 ):
     model = frozen_learner.model
     search = make_search_tool(SearchIndex(corpus), top_k=1)
@@ -263,7 +263,7 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
     forced = tok.encode("<tool_call>") + split_ids(tok, SEARCH_CALL) + tok.encode("</tool_call>")
     forced += [tok.eos_token_id]
     assert tok.encode(tok.decode(forced, skip_special_tokens=False)) != forced
-    engine = scripted_engine(model, tok, [[forced, None, None, None]])
+    engine = ScriptedEngine(tok, [[forced, None, None, None]], model=model)
     cm = ContextManager(tok, tools=[search.schema])
     torch.manual_seed(0)
     trajs = run_episodes(
@@ -271,7 +271,7 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
         lambda: MultiHopQAEnv(search, max_turns=2, retrieval_bonus=0.5),
         [tasks[0], tasks[0], tasks[1], tasks[1]],
         cm,
-        SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=len(forced)),  # (a turn is cut there)
         group_ids=[0, 0, 1, 1],
     )
     first = trajs[0].steps[0]
