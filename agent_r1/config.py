@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
@@ -21,8 +21,10 @@ class _Strict(BaseModel):
 
 
 class DataConfig(_Strict):
-    source: Literal["synthetic", "hotpotqa"] = "synthetic"
-    path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
+    source: Literal["synthetic", "hotpotqa", "jsonl"] = "synthetic"
+    # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file;
+    # jsonl: a folder with corpus.jsonl, train.jsonl, test.jsonl in agent_r1.data's schema
+    path: str | None = None
     # synthetic world (see agent_r1.data.synthetic.WorldConfig)
     seed: int = 0
     n_films: int = Field(2400, ge=4)
@@ -51,6 +53,13 @@ class ModelConfig(_Strict):
 
 
 class EnvConfig(_Strict):
+    # the environment: a registered name (agent_r1.envs.ENVS: multihop_qa, naive_rag) or an
+    # import path to a ToolEnv subclass, module:Class or path/to/file.py:Class
+    name: str = "multihop_qa"
+    # its tools (agent_r1/tools/registry.py): registered names or import paths, each a string or
+    # a mapping {name: ..., <setting>: ...}; null: the environment's DEFAULT_TOOLS (QA: search)
+    tools: list[str | dict[str, Any]] | None = None
+    kwargs: dict[str, Any] = {}  # more keyword arguments for the environment's constructor
     max_turns: int = Field(4, ge=1)
     max_context_tokens: int = Field(1024, ge=64)
     max_new_tokens: int = Field(48, ge=1)
@@ -158,6 +167,8 @@ class RunConfig(_Strict):
             problems.append("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.data.source == "hotpotqa" and not self.data.path:
             problems.append("data.path: must name a HotpotQA file or folder when data.source is 'hotpotqa'")
+        if self.data.source == "jsonl" and not self.data.path:
+            problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
         if problems:
@@ -170,11 +181,19 @@ class RunConfig(_Strict):
 
 
 def _choice_problems(cfg: RunConfig) -> list[str]:
-    """Names that must be in a registry or a known set: estimators, methods, question types."""
+    """Names that must be in a registry or a known set: estimators, methods, question types,
+    the environment and its tools."""
     from agent_r1.algorithms import ADVANTAGES
+    from agent_r1.envs.registry import config_problems
     from agent_r1.rl import parse_method
 
-    out = []
+    out = config_problems(cfg.env)
+    if not out and "naive_rag" in cfg.eval.baselines:
+        from agent_r1.envs import MultiHopQAEnv, get_env
+
+        if not issubclass(get_env(cfg.env.name), MultiHopQAEnv):
+            out.append(f"eval.baselines: naive_rag is a multi-hop QA baseline; env.name {cfg.env.name!r} is not a "
+                       "MultiHopQAEnv (leave naive_rag out of eval.baselines)")
     if cfg.rl.algorithm not in ADVANTAGES:
         out.append(f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}")
     for m in cfg.methods:
@@ -205,9 +224,11 @@ def _hop_problems(cfg: RunConfig) -> list[str]:
         available = sorted({hops for hops, _, _ in QTYPES.values()})
         lists = {"sft.hops": cfg.sft.hops, "rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(set(hops) - set(available)) for key, hops in lists.items()}
-    else:
+    elif cfg.data.source == "hotpotqa":
         available, lists = [2], {"rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(hops) for key, hops in lists.items() if hops and 2 not in hops}
+    else:  # jsonl: the hop counts are the data's own
+        bad, available = {}, []
     out = [f"{key}: no {cfg.data.source} questions with {hops} hops; available: {available}"
            for key, hops in bad.items() if hops]
     if not cfg.eval.hops:

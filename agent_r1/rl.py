@@ -11,6 +11,7 @@ import torch
 from agent_r1.algorithms import AdvantageInputs, get_advantage
 from agent_r1.config import RLConfig
 from agent_r1.context import ContextManager
+from agent_r1.envs.metrics import aggregate
 from agent_r1.rollout import RolloutEngine, SamplingParams, run_episodes
 from agent_r1.trajectory import Trajectory, collate, to_sequences
 
@@ -89,14 +90,13 @@ def update(learner, batch: dict, generator: torch.Generator | None = None) -> di
 
 
 def rollout_stats(trajs: list[Trajectory]) -> dict:
+    """Every metric the environment declares (aggregated as declared), plus reward and turns."""
     rewards = [t.total_reward for t in trajs]
     turns = sum(len(t.steps) for t in trajs)
-    return {
+    return aggregate(trajs) | {
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
-        "em": statistics.fmean(t.metrics.get("em", 0.0) for t in trajs),
-        "tool_calls": statistics.fmean(t.metrics.get("tool_calls", 0) for t in trajs),
-        "format_errors": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
+        "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
         "turns": turns / len(trajs),
         "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs) / len(trajs),
     }

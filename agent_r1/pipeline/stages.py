@@ -39,7 +39,7 @@ from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.progress import Progress
 from agent_r1.rl import NEEDS_CRITIC, annotate, method_name, parse_method, rollout, rollout_stats, update
 from agent_r1.rollout import HFEngine
-from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_search, oracle_demonstrations, prepare_data, tasks_for
+from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data, tasks_for
 from agent_r1.sft import sft as sft_loop
 from agent_r1.transcripts import transcripts
 
@@ -149,7 +149,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         return checkpoint_dir(cfg, "sft")
     torch.manual_seed(cfg.seed)
     data_dir = cfg.out / "data"
-    search = make_search(cfg, data_dir)
+    tools = make_tools(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
     resume = _resumable(state_dir, fp)
     if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
@@ -158,14 +158,14 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         tokenizer = AutoTokenizer.from_pretrained(state_dir)
         model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
     else:
-        model, tokenizer = initial_model(cfg, data_dir, search)
+        model, tokenizer = initial_model(cfg, data_dir, tools)
         if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
             from agent_r1.learner import save_hf_checkpoint
 
             save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
         else:  # the baseline is the configured model itself; the folder names it (a DVC output)
             _write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
-    agent = Agent(model, tokenizer, search, cfg)
+    agent = Agent(model, tokenizer, tools, cfg)
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
     start, history = 0, []
     if resume:
@@ -225,7 +225,7 @@ class RLTrainer:
             return
         data_dir = cfg.out / "data"
         model, self.tokenizer = _load_start(cfg, tracker)
-        self.agent = Agent(model, self.tokenizer, make_search(cfg, data_dir), cfg)
+        self.agent = Agent(model, self.tokenizer, make_tools(cfg, data_dir), cfg)
         self.context = self.agent.context()
         lc = cfg.rl.learner
         reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
@@ -303,7 +303,7 @@ class RLTrainer:
         with (progress or Progress.null()).task(f"rl {self.method}", total=total) as report:
             while not self.done:
                 s = self.step()
-                report(f"it {self.iteration}/{total} reward {s['reward_mean']:.3f} em {s['em']:.3f} "
+                report(f"it {self.iteration}/{total} reward {s['reward_mean']:.3f} em {s.get('em', float('nan')):.3f} "
                        f"calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
         return self.finish()
 
@@ -355,7 +355,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
 
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
-    search = make_search(cfg, data_dir)
+    tools = make_tools(cfg, data_dir)
     test = load_split(data_dir, cfg.eval.split)
     tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
     if not tasks:
@@ -370,7 +370,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
             src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
         model, tokenizer = load_model(src)
         env_cls = NaiveRAGEnv if method == "naive_rag" else Agent.env_cls
-        agent = Agent(model, tokenizer, search, cfg, env_cls)
+        agent = Agent(model, tokenizer, tools, cfg, env_cls)
         by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
@@ -441,7 +441,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     log.info("control: SFT for %.0f s, RL's training time", seconds)
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
-    agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
+    agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     deadline, seed = time.perf_counter() + seconds, cfg.seed
