@@ -48,9 +48,10 @@ class MultiHopQAEnv(ToolEnv):
         search = [t for t in tools if t.name == "search"]
         if not search:
             raise ValueError(f"{cls.__name__} needs a tool named 'search'; env.tools gave {[t.name for t in tools]}")
-        return cls(search[0], other_tools=[t for t in tools if t.name != "search"], reward_scheme=cfg.reward_scheme,
-                   answer_metric=cfg.answer_metric, retrieval_bonus=cfg.retrieval_bonus,
-                   **cls.common_settings(cfg), **cfg.kwargs)
+        own = {"reward_scheme": cfg.reward_scheme, "answer_metric": cfg.answer_metric,
+               "retrieval_bonus": cfg.retrieval_bonus}
+        return cls(search[0], other_tools=[t for t in tools if t.name != "search"],
+                   **cls.common_settings(cfg) | own | cfg.kwargs)
 
     def __init__(
         self,

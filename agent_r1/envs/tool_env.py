@@ -30,7 +30,6 @@ class EnvStep:
     info: dict = field(default_factory=dict)
 
 
-_COUNTERS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncated_outputs")
 _MAX_NAME_CHARS, _MAX_ERROR_CHARS = 64, 500  # a tool name / an error message as shown to the model
 
 
@@ -59,7 +58,7 @@ class ToolEnv:
     the SFT cold start in `oracle_turns`, and are built from a config by `from_config`.
     """
 
-    # The counters every episode keeps (``self.metrics``); a subclass adds its own metrics.
+    # The counters every episode keeps (``self.metrics``); a subclass declares its own metrics.
     METRICS: ClassVar[dict[str, Metric]] = {
         "turns": Metric("model turns in the episode"),
         "tool_calls": Metric("tool calls run in the episode"),
@@ -84,11 +83,12 @@ class ToolEnv:
         """The environment for the config's ``env`` section ``cfg`` (agent_r1.config.EnvConfig)
         with ``tools``: the turn limits, the system prompt and ``cfg.kwargs``. A subclass with
         settings of its own overrides this (see MultiHopQAEnv) or takes them from ``kwargs``."""
-        return cls(tools, **cls.common_settings(cfg), **cfg.kwargs)
+        return cls(tools, **cls.common_settings(cfg) | cfg.kwargs)
 
     @classmethod
     def common_settings(cls, cfg: Any) -> dict:
-        """The constructor arguments every ToolEnv takes, from the config's ``env`` section."""
+        """The constructor arguments every ToolEnv takes, from the config's ``env`` section
+        (``env.kwargs`` may override them)."""
         prompt = cls.DEFAULT_SYSTEM_PROMPT if cfg.system_prompt == "default" else cfg.system_prompt
         return {"max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens,
                 "format_penalty": cfg.format_penalty, "system_prompt": prompt}
@@ -111,7 +111,7 @@ class ToolEnv:
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
         self.task: dict = {}
-        self.metrics: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self.metrics: dict[str, int] = dict.fromkeys(ToolEnv.METRICS, 0)
         self.done = False
 
     @property
@@ -123,7 +123,7 @@ class ToolEnv:
         """Start an episode; returns the initial chat messages (system prompt, if any, and the
         task's ``prompt`` or ``question`` as the user message)."""
         self.task = task
-        self.metrics = dict.fromkeys(_COUNTERS, 0)
+        self.metrics = dict.fromkeys(ToolEnv.METRICS, 0)
         self.done = False
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": task.get("prompt") or task["question"]}]

@@ -25,6 +25,12 @@ class CityFactsEnv(ToolEnv):
     """Tasks are rows with ``question``, ``answers``, ``qtype`` and ``gold_titles`` (the
     cities the question is about)."""
 
+    DEFAULT_SYSTEM_PROMPT = (  # env.system_prompt: default (for a pretrained chat model)
+        "Answer the question about cities. Look facts up with "
+        '<tool_call>{"name": "lookup", "arguments": {"city": "..."}}</tool_call>, compute with '
+        '<tool_call>{"name": "calc", "arguments": {"expression": "..."}}</tool_call>, '
+        "then give only the final answer as <answer>...</answer>."
+    )
     METRICS = {
         "em": Metric("exact match of the answer (numbers as numbers)"),
         "lookup_hit": Metric("share of the question's cities the episode looked up"),

@@ -1,7 +1,7 @@
 """Write the city_facts dataset: ``data/corpus.jsonl`` (one document per city) and
 ``data/{train,test}.jsonl`` (questions), in agent_r1.data's schema.
 
-    python examples/city_facts/make_data.py [--cities 60] [--seed 0]
+    python examples/city_facts/make_data.py [--cities 200] [--seed 0]
 
 Questions: the population of a city, its founding year (one lookup each), and how many more
 people live in one city than in another (two lookups and a calc; the answer may be negative).
@@ -44,7 +44,7 @@ def _questions(rng: random.Random, cities: list[dict], split: str) -> list[dict]
     return rows
 
 
-def make(n_cities: int = 60, seed: int = 0, out: Path = OUT) -> Path:
+def make(n_cities: int = 200, seed: int = 0, out: Path = OUT) -> Path:
     rng = random.Random(seed)
     cities = [{"name": name, "country": rng.choice(COUNTRIES), "population": rng.randrange(1000, 9999, 100),
                "founded": rng.randrange(1200, 1950)} for name in _names(rng, n_cities)]
@@ -61,7 +61,7 @@ def make(n_cities: int = 60, seed: int = 0, out: Path = OUT) -> Path:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cities", type=int, default=60)
+    parser.add_argument("--cities", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
