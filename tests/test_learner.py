@@ -317,3 +317,37 @@ def test_a_single_step_update_needs_no_old_logprob_pass(tok, make_model):
     assert changed
     for k, v in state(reference.model).items():
         torch.testing.assert_close(state(learner.model)[k], v, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------- LoRA
+
+
+def test_lora_trains_only_adapters_and_saves_a_plain_merged_checkpoint(tok, make_model, tmp_path):
+    before = state(make_model(seed=11))
+    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, lora_rank=4, lora_alpha=8))
+    model = learner.model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(("lora_a", "lora_b")) for n in trainable)
+    batch = rl_batch(learner, tok)
+    # B starts at zero: the adapted model is the original one
+    plain = make_model(seed=11)
+    torch.testing.assert_close(learner.logprobs(batch), learner.logprobs(batch, model=plain))
+    learner.update(batch)
+    assert not torch.allclose(learner.logprobs(batch), batch["old_logprobs"])  # the policy moved
+    frozen = {k: v for k, v in state(model).items() if "lora_" not in k}
+    assert all(torch.equal(v, before[k.replace(".base.", ".")]) for k, v in frozen.items())
+    # the checkpoint is the original architecture with the adapters merged, and scores the same
+    path = learner.save(tmp_path / "ckpt", tok)
+    merged_state = loaded_state(path)
+    assert merged_state.keys() == before.keys()
+    assert "model.embed_tokens.weight" not in [k for k in before if not torch.equal(before[k], merged_state[k])]
+    assert any(not torch.equal(before[k], merged_state[k]) for k in before if "q_proj" in k)
+    reloaded = load_model(path)[0]
+    torch.testing.assert_close(learner.logprobs(batch, model=reloaded), learner.logprobs(batch), rtol=1e-4, atol=1e-5)
+    # the live model kept its adapters after the save
+    assert any(n.endswith("lora_a") for n, _ in model.named_parameters())
+
+
+def test_lora_with_zero3_is_refused(make_model):
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        Learner(make_model(seed=12), LearnerConfig(lora_rank=4, zero_stage=3))

@@ -28,6 +28,7 @@ from agent_r1.algorithms import (
 )
 from agent_r1.atomic import replace_dir
 from agent_r1.learner.distributed import init_distributed
+from agent_r1.learner.lora import add_lora, merged
 from agent_r1.models import autocast
 
 
@@ -52,6 +53,10 @@ class LearnerConfig(BaseModel):
     entropy_coef: float = Field(0.0, ge=0)
     value_clip: float = Field(0.2, ge=0)
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
+    # >0: train rank-r LoRA adapters on the decoder's linear layers instead of every weight
+    # (agent_r1.learner.lora; checkpoints are saved merged). RL only: SFT trains every weight.
+    lora_rank: int = Field(0, ge=0)
+    lora_alpha: float = Field(32.0, gt=0)
 
 
 def _ds_config(cfg: LearnerConfig) -> dict:
@@ -159,6 +164,10 @@ class Learner:
                  precision: str = "auto"):
         self.cfg = cfg
         self.precision = precision  # forward passes under agent_r1.models.autocast; fp32 master weights
+        if cfg.lora_rank:
+            if cfg.zero_stage == 3:
+                raise ValueError("rl.learner.lora_rank needs zero_stage 0-2 (ZeRO-3 partitions the frozen weights)")
+            add_lora(policy, cfg.lora_rank, cfg.lora_alpha)
         self.engine = _initialize(policy, cfg.lr, cfg)
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.critic = _initialize(critic, cfg.critic_lr, cfg) if critic is not None else None
@@ -376,7 +385,8 @@ def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Pat
     state = None
     if getattr(engine_or_model, "zero_optimization_partition_weights", lambda: False)():
         state = engine_or_model._zero3_consolidated_16bit_state_dict()  # ZeRO-3: gather shards
-    module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    with merged(module):  # LoRA adapters (if any) folded into plain weights
+        module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     replace_dir(tmp, path)

@@ -140,10 +140,16 @@ def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
     return info
 
 
+# The rl.learner settings SFT's optimizer uses (its lr is sft.lr; it trains every weight): what
+# its fingerprint and dvc.yaml's sft params track, so RL-only settings leave the SFT checkpoint current.
+SFT_OPTIMIZER_KEYS = tuple(f"rl.learner.{k}" for k in ("weight_decay", "grad_clip", "zero_stage", "micro_batch_tokens",
+                                                       "loss_agg"))
+
+
 def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None) -> Path:
     """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``."""
     progress = progress or Progress.null()
-    fp = fingerprint(cfg, "data", "model", "env", "sft", "rl.learner")  # SFT's optimizer: rl.learner
+    fp = fingerprint(cfg, "data", "model", "env", "sft", *SFT_OPTIMIZER_KEYS)
     if _complete(checkpoint_dir(cfg, "sft"), fp):  # e.g. a flow re-run after a crash in RL
         log.info("sft: %s is up to date for this config; skipping", checkpoint_dir(cfg, "sft"))
         return checkpoint_dir(cfg, "sft")
@@ -166,7 +172,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         else:  # the baseline is the configured model itself; the folder names it (a DVC output)
             _write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
     agent = Agent(model, tokenizer, tools, cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0}), precision=cfg.model.precision)
     start, history = 0, []
     if resume:
         client = learner.load_state(state_dir)
@@ -442,7 +448,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
     agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr}), precision=cfg.model.precision)
+    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0}), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     deadline, seed = time.perf_counter() + seconds, cfg.seed
 
