@@ -20,14 +20,15 @@ def is_import_path(name: str) -> bool:
 
 def load_object(spec: str, what: str = "object"):
     """The object ``spec`` names (``module:attr`` or ``file.py:attr``); ImportError naming
-    ``what`` and ``spec`` when the module cannot be imported or lacks the attribute."""
+    ``what`` and ``spec`` when the module cannot be imported (whatever it raised) or lacks the
+    attribute."""
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise ImportError(f"{what} {spec!r}: expected 'package.module:Name' or 'path/to/file.py:Name'")
     try:
         module = _import_file(Path(module_name)) if module_name.endswith(".py") else importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(f"{what} {spec!r}: cannot import {module_name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - user code: a syntax error, a failing import, ...
+        raise ImportError(f"{what} {spec!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from e
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -50,6 +50,9 @@ def test_envs_resolve_by_registered_name_module_path_and_file_path(tmp_path, mon
         get_env("countenv:Missing")
     with pytest.raises(ImportError, match="cannot import 'no_such_module'"):
         get_env("no_such_module:Env")
+    (tmp_path / "broken.py").write_text("def oops(:\n")
+    with pytest.raises(ImportError, match="broken.py'.*SyntaxError"):
+        get_env(f"{tmp_path / 'broken.py'}:Env")
     with pytest.raises(TypeError, match="not a ToolEnv subclass"):
         get_env("countenv:NOT_AN_ENV")
 
