@@ -154,3 +154,7 @@ def test_an_undeclared_metric_is_an_error_naming_it(tok):
         _run(tok, Undeclared, ["x"])
     with pytest.raises(ValueError, match="agg must be one of"):
         Metric("x", agg="median")
+    from agent_r1.envs.metrics import check_metrics
+
+    with pytest.raises(MetricError, match="hits='many': a metric must be a number"):
+        check_metrics(Declared, {"hits": "many"})

@@ -4,7 +4,7 @@ An environment declares its per-episode metrics in the class attribute ``METRICS
 (``{name: Metric}``); a subclass declares only its own, the declarations of its base classes
 are inherited (:meth:`ToolEnv.declared_metrics`). ``ToolEnv`` itself declares the counters it
 keeps (turns, tool calls, errors). An episode reports its values in ``final_reward``'s second
-return value; every value must be a declared name with a number (a bool counts as 0/1): an
+return value; every value must be a declared name with a real number (a bool counts as 0/1): an
 undeclared name or a value that is not a number raises :class:`MetricError`, which the rollout
 loop does not contain (it is a bug in the environment, not in what the model did).
 
@@ -16,6 +16,7 @@ declaration says. An episode without a value (one an environment error ended) co
 
 from __future__ import annotations
 
+import numbers
 import statistics
 from dataclasses import dataclass
 from typing import Literal
@@ -48,7 +49,7 @@ def check_metrics(env_cls: type, values: dict) -> dict[str, float]:
         if name not in declared:
             raise MetricError(f"{env_cls.__name__} reported the metric {name!r}, which it does not declare; "
                               f"add it to {env_cls.__name__}.METRICS (declared: {', '.join(sorted(declared))})")
-        if not isinstance(value, (int, float)):  # bool is an int
+        if not isinstance(value, numbers.Real):  # bool, int, float, numpy scalars
             raise MetricError(f"{env_cls.__name__} reported {name}={value!r}: a metric must be a number")
         out[name] = float(value)
     return out
