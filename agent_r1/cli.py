@@ -77,12 +77,13 @@ def _config(pipeline: str, config_file: Path, overrides: list[str]):
 
 
 def results_table(results: dict, title: str, timings: dict | None = None) -> Table:
+    nan = float("nan")  # EM and F1 are the QA environment's metrics; another may not have them
     table = Table(title=title)
     for col in ("split", "method", "EM", "F1", "n", "tool calls", "format err", "turns"):
         table.add_column(col, justify="right" if col not in ("split", "method") else "left")
     for split in sorted(results):
         for method, m in results[split].items():
-            table.add_row(split, method, f"{m['em']:.3f}", f"{m['f1']:.3f}", str(m["n"]), f"{m['tool_calls']:.2f}",
+            table.add_row(split, method, f"{m.get('em', nan):.3f}", f"{m.get('f1', nan):.3f}", str(m["n"]), f"{m['tool_calls']:.2f}",
                           f"{m['format_error_rate']:.3f}", f"{m['turns']:.2f}")
     if timings:
         table.caption = "wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in timings.items())
@@ -237,9 +238,9 @@ def show(
     from rich.markdown import Markdown
 
     from agent_r1.data.synthetic import load_split
-    from agent_r1.envs import MultiHopQAEnv, NaiveRAGEnv
+    from agent_r1.envs import NaiveRAGEnv
     from agent_r1.models import load_model
-    from agent_r1.run import Agent, evaluate_agent, make_search, tasks_for
+    from agent_r1.run import Agent, evaluate_agent, make_tools, tasks_for
     from agent_r1.transcripts import transcripts
 
     cfg = _config(pipeline, config_file, overrides)
@@ -248,7 +249,7 @@ def show(
     model, tokenizer = load_model(source)
     data_dir = cfg.out / "data"
     tasks = tasks_for(load_split(data_dir, cfg.eval.split), [hops], n, cfg.seed)
-    agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg, NaiveRAGEnv if naive_rag else MultiHopQAEnv)
+    agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg, NaiveRAGEnv if naive_rag else None)
     _, trajs = evaluate_agent(agent, tasks)
     text = transcripts(trajs, tasks, limit=n)
     console.print(Markdown(text))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
@@ -26,10 +26,10 @@ _WORLD = WorldConfig()  # the synthetic world's defaults: declared once, in Worl
 
 
 class DataConfig(_Strict):
-    source: Literal["synthetic", "hotpotqa"] = "synthetic"
-    """Where the questions come from: a generated synthetic world, or HotpotQA files (`data.path`)."""
-    path: str | None = None  # hotpotqa: a folder with train.jsonl + dev.jsonl, or one .jsonl/.json file
-    """HotpotQA only: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only)."""
+    source: Literal["synthetic", "hotpotqa", "jsonl"] = "synthetic"
+    """Where the questions come from: a generated synthetic world, HotpotQA files, or your own JSON-lines files (`data.path`)."""
+    path: str | None = None
+    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with corpus.jsonl, train.jsonl and test.jsonl in agent_r1.data's schema."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
     seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
@@ -66,6 +66,16 @@ class ModelConfig(_Strict):
 
 
 class EnvConfig(_Strict):
+    # the environment: a registered name (agent_r1.envs.ENVS: multihop_qa, naive_rag) or an
+    # import path to a ToolEnv subclass, module:Class or path/to/file.py:Class
+    name: str = "multihop_qa"
+    """The environment: a registered name (multihop_qa, naive_rag, or one you register with @register_env) or an import path `module:Class` / `path/to/file.py:Class`."""
+    # its tools (agent_r1/tools/registry.py): registered names or import paths, each a string or
+    # a mapping {name: ..., <setting>: ...}; null: the environment's DEFAULT_TOOLS (QA: search)
+    tools: list[str | dict[str, Any]] | None = None
+    """The environment's tools: registered names or import paths, each a string or {name: ..., <setting>: ...}; null: the environment's DEFAULT_TOOLS (QA: search)."""
+    kwargs: dict[str, Any] = {}  # more keyword arguments for the environment's constructor
+    """More keyword arguments for the environment's constructor."""
     max_turns: int = Field(4, ge=1)
     """Assistant turns per episode before it is cut off."""
     max_context_tokens: int = Field(1024, ge=64)
@@ -262,6 +272,8 @@ class RunConfig(_Strict):
             problems.append("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.data.source == "hotpotqa" and not self.data.path:
             problems.append("data.path: must name a HotpotQA file or folder when data.source is 'hotpotqa'")
+        if self.data.source == "jsonl" and not self.data.path:
+            problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
         if problems:
@@ -291,8 +303,17 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
 
 
 def _choice_problems(cfg: RunConfig) -> list[str]:
-    """Names that must be in a registry or a known set: estimators, methods, question types."""
-    out = _estimator_problems(cfg)
+    """Names that must be in a registry or a known set: estimators, methods, question types,
+    the environment and its tools."""
+    from agent_r1.envs.registry import config_problems
+
+    out = config_problems(cfg.env) + _estimator_problems(cfg)
+    if not out and "naive_rag" in cfg.eval.baselines:
+        from agent_r1.envs import MultiHopQAEnv, get_env
+
+        if not issubclass(get_env(cfg.env.name), MultiHopQAEnv):
+            out.append(f"eval.baselines: naive_rag is a multi-hop QA baseline; env.name {cfg.env.name!r} is not a "
+                       "MultiHopQAEnv (leave naive_rag out of eval.baselines)")
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in ADVANTAGES:
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
@@ -317,9 +338,11 @@ def _hop_problems(cfg: RunConfig) -> list[str]:
         available = sorted({hops for hops, _, _ in QTYPES.values()})
         lists = {"sft.hops": cfg.sft.hops, "rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(set(hops) - set(available)) for key, hops in lists.items()}
-    else:
+    elif cfg.data.source == "hotpotqa":
         available, lists = [2], {"rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(hops) for key, hops in lists.items() if hops and 2 not in hops}
+    else:  # jsonl: the hop counts are the data's own
+        bad, available = {}, []
     out = [f"{key}: no {cfg.data.source} questions with {hops} hops; available: {available}"
            for key, hops in bad.items() if hops]
     if not cfg.eval.hops:

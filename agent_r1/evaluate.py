@@ -4,26 +4,25 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from agent_r1.envs.metrics import aggregate
 from agent_r1.trajectory import Trajectory
 
 
 def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
-    """Mean metrics over episodes: answer quality, tool use, format errors, tokens."""
+    """Over the episodes: every metric the environment declares (aggregated as declared: the
+    mean of ``em``, ``f1``, ``tool_calls``...), and the reward, turns, format-error rate per turn,
+    share of episodes with an answer, action tokens and environment errors."""
     n = len(trajs)
     if n == 0:
         return {"n": 0}
     turns = sum(len(t.steps) for t in trajs)
-    out = {
-        "em": sum(t.metrics.get("em", 0.0) for t in trajs) / n,
-        "f1": sum(t.metrics.get("f1", 0.0) for t in trajs) / n,
+    out = aggregate(trajs) | {
         "n": n,
         "reward": sum(t.total_reward for t in trajs) / n,
-        "tool_calls": sum(t.metrics.get("tool_calls", 0) for t in trajs) / n,
         "turns": turns / n,
         "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
         "answered": sum(bool(t.metrics.get("answer")) for t in trajs) / n,
         "tokens": sum(t.num_action_tokens for t in trajs) / n,
-        "search_recall": sum(t.metrics.get("gold_recall", 0.0) for t in trajs) / n,
         "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs),  # scored as wrong
     }
     out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}

@@ -33,11 +33,13 @@ IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TAGS = ["<tool_call>", "</tool_call>", "<answer>", "</answer>"]
 
 # A Qwen-style template. Tool observations use their own ``tool`` role; when ``tools`` are
-# passed their JSON schemas are listed in the system turn.
+# passed their JSON schemas are listed in the system turn, one a line after the system text.
+# (transformers renders with trim_blocks: a newline right after a block tag is dropped, so the
+# system turn's newlines are written as expressions.)
 CHAT_TEMPLATE = (
-    "{%- if tools or messages[0].role == 'system' %}<|im_start|>system\n"
-    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}"
-    "{%- if tools %}\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}{% endif %}"
+    "{%- if tools or messages[0].role == 'system' %}<|im_start|>system{{ '\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}{% if tools %}{{ '\\n' }}{% endif %}{% endif %}"
+    "{%- if tools %}Tools:{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endif %}"
     "{%- for m in messages %}{% if m.role != 'system' %}"
     "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"

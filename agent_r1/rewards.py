@@ -16,7 +16,11 @@ their plain forms. Two deliberate differences from the official scripts:
 - accents are KEPT ("Beyoncé" != "Beyonce"): stripping them would merge distinct names;
 - every Unicode punctuation character (category P*) is removed, not only ASCII punctuation, so a
   curly apostrophe or an en-dash is treated like its ASCII counterpart. On ASCII text the result
-  is identical to the official normalisation.
+  is identical to the official normalisation;
+- an answer that is a number and nothing else compares as a number with a gold answer that is
+  one: the sign and the decimal point count ("-3" != "3", "1.5" != "15"), thousands separators
+  and trailing zeros do not ("1,000" == "1000", "3.0" == "3"). Text normalisation would drop the
+  "-" and the "." (both punctuation) and merge those.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from decimal import Decimal
 
 __all__ = [
     "REWARD_SCHEMES",
@@ -43,6 +48,9 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # HotpotQA's F1 gives no partial credit to these answers: "yes" vs "no" must not score 0.5.
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 
+# a number and nothing else: optional sign, digits (with thousands commas, or none), decimals
+_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
+
 #: Names accepted by ``compose_reward(scheme=...)``.
 REWARD_SCHEMES = ("agent_r1", "answer_only", "answer_plus_format")
 
@@ -59,6 +67,21 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def _number(s: str) -> Decimal | None:
+    """The value of an answer that is a number and nothing else (after NFKC, e.g. full-width
+    digits, and around whitespace), else None."""
+    s = unicodedata.normalize("NFKC", s).strip().replace("\u2212", "-")  # U+2212 minus sign
+    return Decimal(s.replace(",", "")) if _NUMBER.fullmatch(s) else None
+
+
+def _same_answer(pred: str, gold: str) -> bool:
+    """Numbers compare as numbers, anything else by its normalised text."""
+    p, g = _number(pred), _number(gold)
+    if p is not None and g is not None:
+        return p == g
+    return normalize_answer(pred) == normalize_answer(gold)
+
+
 def _as_golds(golds: str | Sequence[str]) -> list[str]:
     gold_list = [golds] if isinstance(golds, str) else list(golds)
     if not gold_list:
@@ -70,16 +93,18 @@ def exact_match(pred: str | None, golds: str | Sequence[str]) -> float:
     """1.0 if the normalised prediction equals a normalised gold answer, else 0.0.
 
     Strict: a prediction that merely contains the gold answer ("Paris, France" for "Paris") is
-    not a match. ``pred=None`` (no answer given) scores 0.0.
+    not a match. Two numbers compare by value (see the module docstring: "-3" != "3", "1,000"
+    == "1000"). ``pred=None`` (no answer given) scores 0.0.
     """
     gold_list = _as_golds(golds)
     if pred is None:
         return 0.0
-    p = normalize_answer(pred)
-    return float(any(p == normalize_answer(g) for g in gold_list))
+    return float(any(_same_answer(pred, g) for g in gold_list))
 
 
 def _f1(pred: str, gold: str) -> float:
+    if _number(pred) is not None and _number(gold) is not None:  # a number is right or wrong
+        return float(_number(pred) == _number(gold))
     p, g = normalize_answer(pred), normalize_answer(gold)
     if (p in _SPECIAL_ANSWERS or g in _SPECIAL_ANSWERS) and p != g:
         return 0.0
@@ -96,8 +121,8 @@ def _f1(pred: str, gold: str) -> float:
 def f1_score(pred: str | None, golds: str | Sequence[str]) -> float:
     """Token-level F1 between the normalised prediction and answer, maximised over golds.
 
-    As in the HotpotQA evaluation, "yes"/"no"/"noanswer" score 0 unless matched exactly.
-    ``pred=None`` scores 0.0.
+    As in the HotpotQA evaluation, "yes"/"no"/"noanswer" score 0 unless matched exactly; two
+    numbers score as ``exact_match`` does (no partial credit). ``pred=None`` scores 0.0.
     """
     gold_list = _as_golds(golds)
     if pred is None:

@@ -1,50 +1,48 @@
 """Cold start: supervised fine-tuning on oracle demonstrations.
 
-RL cannot discover tool use from random weights. An oracle that knows each question's search
-chain writes the demonstration: one search per entity on the chain (the real search tool runs,
-so the demonstration shows real BM25 results), then the answer. Demonstrations are tokenized
+RL cannot discover tool use from random weights. The environment's oracle writes the
+demonstration (``ToolEnv.oracle_turns``; for multi-hop QA: one search per entity on the
+question's search chain, then the answer), played through the environment so that the real
+tools write the observations (real BM25 results). Demonstrations are tokenized
 the same way rollouts are (the context manager renders prompts and observations), packed with
 the same code, and only the assistant turns carry loss.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 
 import torch
 
 from agent_r1.context import ContextManager
-from agent_r1.tools import Tool, run_tool
 from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
 
 
-def tool_call_text(name: str, arguments: dict) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-def answer_text(answer: str) -> str:
-    return f"<answer>{answer}</answer>"
-
-
-def oracle_turns(task: dict, search: Tool) -> list[tuple[str, list[dict]]]:
-    """The oracle's (assistant text, observation messages) turns for one task."""
+def oracle_episode(env, task: dict) -> tuple[list[dict], list[tuple[str, list[dict]]]]:
+    """The opening messages and the (assistant text, observation messages) turns of the
+    environment's oracle for `task` (``env.oracle_turns``), played through ``env.step`` so the
+    real tools write the observations; no turns when the environment has no oracle for it."""
+    messages = env.reset(task)
     turns = []
-    for entity in task["search_chain"]:
-        args = {"query": entity}
-        res = run_tool(search, args)
-        turns.append((tool_call_text(search.name, args), [{"role": "tool", "name": search.name, "content": res.text}]))
-    turns.append((answer_text(task["answers"][0]), []))
-    return turns
+    for text in env.oracle_turns(task) or []:
+        res = env.step(text)
+        turns.append((text, res.observation))
+        if res.done:
+            break
+    return messages, turns
 
 
-def demonstration(task: dict, messages: list[dict], search: Tool, context: ContextManager) -> Trajectory:
-    """Tokenize one oracle episode exactly as a rollout would have seen it."""
+def demonstration(env, task: dict, context: ContextManager) -> Trajectory | None:
+    """One oracle episode (:func:`oracle_episode`) tokenized exactly as a rollout would have
+    seen it; None when the environment has no oracle turns for the task."""
+    messages, turns = oracle_episode(env, task)
+    if not turns:
+        return None
     tok = context.tokenizer
     ctx = context.start(messages)
     traj = Trajectory(task_id=str(task["id"]), group_id=0)
-    for text, obs in oracle_turns(task, search):
+    for text, obs in turns:
         ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
         traj.steps.append(Step(context_ids=context.context_ids(ctx), action_ids=ids, action_logprobs=[0.0] * len(ids), action_text=text, observation=obs))
         if obs:

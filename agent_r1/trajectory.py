@@ -37,6 +37,8 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     final_reward: float = 0.0
     metrics: dict = field(default_factory=dict)
+    # the metrics the environment declares, name -> how a batch aggregates them (envs/metrics.py)
+    metric_aggs: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_reward(self) -> float:
@@ -65,6 +67,7 @@ def to_frame(trajectories: list[Trajectory]) -> pd.DataFrame:
                 group_id=traj.group_id,
                 final_reward=traj.final_reward,
                 metrics=json.dumps(traj.metrics),
+                metric_aggs=json.dumps(traj.metric_aggs),
             )
             rows.append(row)
     return pd.DataFrame(rows)
@@ -82,6 +85,7 @@ def from_frame(df: pd.DataFrame) -> list[Trajectory]:
             group_id=int(first.group_id),
             final_reward=float(first.final_reward),
             metrics=json.loads(first.metrics),
+            metric_aggs=json.loads(first.metric_aggs) if "metric_aggs" in rows else {},  # (older files lack it)
         )
         for rec in rows.to_dict("records"):
             kw = {k: rec[k] for k in step_fields}

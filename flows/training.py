@@ -209,7 +209,7 @@ def eval_markdown(results: dict, split: str) -> str:
     rows = ["| split | method | EM | F1 | reward | n | tool calls | format err | turns |", "|---|---|---|---|---|---|---|---|---|"]
     for name in [split] + sorted(s for s in results if s != split and s.startswith(split)):
         for method, m in results.get(name, {}).items():
-            rows.append(f"| {name} | {method} | {m['em']:.3f} | {m['f1']:.3f} | {m.get('reward', float('nan')):.3f} | "
+            rows.append(f"| {name} | {method} | {m.get('em', float('nan')):.3f} | {m.get('f1', float('nan')):.3f} | {m.get('reward', float('nan')):.3f} | "
                         f"{m['n']} | {m['tool_calls']:.2f} | {m['format_error_rate']:.3f} | {m['turns']:.2f} |")
     return "\n".join(rows)
 

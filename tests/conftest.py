@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny tokenizer and model, a small search corpus, and a scripted engine.
+"""Shared fixtures: a tiny tokenizer and model and a small search corpus.
 
 Everything here is small enough for a 2-core CPU: the tokenizer has ~300 tokens and the model
 ~30k parameters. DeepSpeed's process group is started once per process (by the first Learner)
@@ -13,9 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from agent_r1.learner import token_logprobs
 from agent_r1.models import TinyModelConfig, build_tiny_model, train_tokenizer
-from agent_r1.rollout import Generation, HFEngine, RolloutEngine, SamplingParams
 
 # Tiny matrices gain nothing from intra-op threads, and on a busy machine every op of a
 # multi-threaded torch waits for its threads to be scheduled (~10 ms per op instead of ~10 µs).
@@ -109,46 +107,6 @@ def tasks():
 def char_split_ids(tok, text: str) -> list[int]:
     """``text`` as one token per character: a sequence that re-encoding would merge."""
     return [tok.convert_tokens_to_ids(t) for ch in text for t in tok.tokenize(ch)]
-
-
-class ScriptedEngine(RolloutEngine):
-    """Plays fixed turns: ``script[call][i]`` is the ids returned to context ``i`` of the
-    ``call``-th ``generate`` call, or None to sample it from ``model`` (through ``HFEngine``).
-    Scripted ids get their true log-probs under ``model`` (teacher forcing), so they look
-    exactly like sampled ones to the learner. Calls past the script sample everything."""
-
-    def __init__(self, model, tok, script: list[list[list[int] | None]]):
-        self.model, self.tok, self.script = model, tok, script
-        self.hf = HFEngine(model, tok)
-        self.calls = 0
-        self.eos_id = tok.eos_token_id
-
-    @torch.no_grad()
-    def generate(self, contexts, params: SamplingParams):
-        plan = self.script[self.calls] if self.calls < len(self.script) else [None] * len(contexts)
-        self.calls += 1
-        assert len(plan) == len(contexts), (len(plan), len(contexts))
-        free = [i for i, p in enumerate(plan) if p is None]
-        sampled = dict(zip(free, self.hf.generate([contexts[i] for i in free], params))) if free else {}
-        out = []
-        for i, (ctx, ids) in enumerate(zip(contexts, plan)):
-            if ids is None:
-                out.append(sampled[i])
-                continue
-            full = torch.tensor([ctx + ids], device=next(self.model.parameters()).device)
-            temp = params.temperature if params.temperature > 0 else 1.0
-            was = self.model.training
-            self.model.eval()
-            lp = token_logprobs(self.model, full, torch.ones_like(full), temp)[0, len(ctx) :]
-            self.model.train(was)
-            out.append(Generation(list(ids), lp.tolist(), bool(ids) and ids[-1] == self.eos_id))
-        return out
-
-
-@pytest.fixture(scope="session")
-def scripted_engine():
-    """The ScriptedEngine class (fixtures keep test files free of conftest imports)."""
-    return ScriptedEngine
 
 
 @pytest.fixture(scope="session")

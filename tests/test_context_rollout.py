@@ -1,5 +1,7 @@
 """Context managers, the HF rollout engine, the agent loop, and token-in-token-out end to end."""
 
+import json
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
 from agent_r1.pipeline.rl_driver import annotate
-from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
+from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
 
@@ -252,7 +254,7 @@ SEARCH_CALL = '{"name": "search", "arguments": {"query": "Mona Lisa"}}'
 
 
 def test_token_in_token_out_from_rollout_to_learner_batch(
-    tok, frozen_learner, corpus, tasks, scripted_engine, split_ids, tmp_path
+    tok, frozen_learner, corpus, tasks, split_ids, tmp_path
 ):
     model = frozen_learner.model
     search = make_search_tool(SearchIndex(corpus), top_k=1)
@@ -261,7 +263,7 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
     forced = tok.encode("<tool_call>") + split_ids(tok, SEARCH_CALL) + tok.encode("</tool_call>")
     forced += [tok.eos_token_id]
     assert tok.encode(tok.decode(forced, skip_special_tokens=False)) != forced
-    engine = scripted_engine(model, tok, [[forced, None, None, None]])
+    engine = ScriptedEngine(tok, [[forced, None, None, None]], model=model)
     cm = ContextManager(tok, tools=[search.schema])
     torch.manual_seed(0)
     trajs = run_episodes(
@@ -269,7 +271,7 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
         lambda: MultiHopQAEnv(search, max_turns=2, retrieval_bonus=0.5),
         [tasks[0], tasks[0], tasks[1], tasks[1]],
         cm,
-        SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=len(forced)),  # (a turn is cut there)
         group_ids=[0, 0, 1, 1],
     )
     first = trajs[0].steps[0]
@@ -376,3 +378,14 @@ def test_kv_reuse_is_reset_between_batches_of_episodes(tok, make_model):
     assert engine.stats() == {"prefill_tokens": 0, "prefill_reused_share": 0.0}
     engine.generate([ctx + g.ids + tok.encode(" ok")], params)
     assert engine.stats()["prefill_reused_share"] == 0.0
+
+
+def test_tiny_chat_template_puts_the_system_text_and_each_tool_on_its_own_line(tok):
+    tools = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("a", "b")]
+    schema = [json.dumps(t) for t in tools]
+    msgs = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "hi"}]
+    system = tok.apply_chat_template(msgs, tools=tools, tokenize=False).split("<|im_end|>")[0]
+    assert system == "<|im_start|>system\nSYS\nTools:\n" + "\n".join(schema)
+    system = tok.apply_chat_template(msgs[1:], tools=tools, tokenize=False).split("<|im_end|>")[0]
+    assert system == "<|im_start|>system\nTools:\n" + "\n".join(schema)
+    assert tok.apply_chat_template(msgs, tokenize=False).startswith("<|im_start|>system\nSYS<|im_end|>\n")

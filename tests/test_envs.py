@@ -74,7 +74,7 @@ def test_malformed_turns_never_crash_the_episode(search):
 
     end = env.step("<answer>Paris</answer>")
     assert end.done and end.observation == [] and end.info["stop_reason"] == "answer"
-    assert end.info["final_reward"] == 1.0 and end.info["em"] == 1.0 and end.info["found_gold"] == 1
+    assert end.info["final_reward"] == 1.0 and end.info["metrics"]["em"] == 1.0 and end.info["metrics"]["found_gold"] == 1
     assert env.metrics == {"turns": 7, "tool_calls": 3, "format_errors": 3, "tool_errors": 2,
                            "timeouts": 1, "truncated_tool_outputs": 1}
     with pytest.raises(RuntimeError, match="finished episode"):
@@ -143,8 +143,8 @@ def test_max_turns_ends_the_episode(search):
     res = env.step(call("search", query="Mona Lisa"))
     assert res.done and res.info["stop_reason"] == "max_turns"
     assert len(res.observation) == 1  # the last turn's calls still run
-    assert res.info["final_reward"] == -1.0 and res.info["em"] == 0.0 and res.info["f1"] == 0.0
-    assert res.info["answer"] is None and res.info["gold_recall"] == 1.0
+    assert res.info["final_reward"] == -1.0 and res.info["metrics"]["em"] == 0.0 and res.info["metrics"]["f1"] == 0.0
+    assert res.info["answer"] is None and res.info["metrics"]["search_recall"] == 1.0
 
 
 def test_token_budget_ends_the_episode(search):
@@ -176,7 +176,7 @@ def test_qa_final_reward(search, text, kwargs, reward, em):
     env = MultiHopQAEnv(search, **kwargs)
     env.reset(TASK)
     res = env.step(text)
-    assert res.done and res.info["final_reward"] == pytest.approx(reward) and res.info["em"] == em
+    assert res.done and res.info["final_reward"] == pytest.approx(reward) and res.info["metrics"]["em"] == em
 
 
 def test_retrieval_bonus_once_per_gold_document(search):
@@ -186,7 +186,7 @@ def test_retrieval_bonus_once_per_gold_document(search):
     assert env.step(call("search", query="Louvre museum")).reward == 0.0  # already found
     assert env.step(call("search", query="Danube") + call("search", query="Mona Lisa")).reward == 0.25
     end = env.step("<answer>Paris</answer>")
-    assert end.info["found_gold"] == 2 and end.info["gold_recall"] == 1.0
+    assert end.info["metrics"]["found_gold"] == 2 and end.info["metrics"]["search_recall"] == 1.0
     env.reset(TASK)  # a new episode finds them afresh
     assert env.step(call("search", query="Louvre museum")).reward == 0.25
 

@@ -165,10 +165,10 @@ def test_naive_rag_retrieves_once_with_the_question_and_allows_one_turn():
     assert json.loads(messages[1]["content"][len("<tool_call>"):-len("</tool_call>")])["arguments"]["query"] == task["question"]
     assert "(1) Danube:" in messages[2]["content"]
     res = env.step("<answer>Danube</answer>")
-    assert res.done and res.info["em"] == 1.0 and res.info["gold_recall"] == 1.0
+    assert res.done and res.info["metrics"]["em"] == 1.0 and res.info["metrics"]["search_recall"] == 1.0
     env.reset(task)
     res = env.step('<tool_call>{"name": "search", "arguments": {"query": "Danube"}}</tool_call>')
-    assert res.done and res.info["em"] == 0.0  # a second search is not allowed: the one turn is over
+    assert res.done and res.info["metrics"]["em"] == 0.0  # a second search is not allowed: the one turn is over
     assert MultiHopQAEnv(search).max_turns > 1
 
 
@@ -177,7 +177,7 @@ def test_eval_summaries_break_em_down_by_question_type():
     from agent_r1.trajectory import Trajectory
 
     def episode(em):
-        return Trajectory("t", 0, metrics={"em": em})
+        return Trajectory("t", 0, metrics={"em": em}, metric_aggs={"em": "mean"})
 
     tasks = [{"hops": 1, "qtype": "director"}, {"hops": 2, "qtype": "studio_city_of_film"},
              {"hops": 2, "qtype": "studio_city_of_film"}, {"hops": 2, "qtype": "director_birthplace"}]

@@ -41,6 +41,27 @@ def test_exact_match():
         exact_match("Paris", [])
 
 
+@pytest.mark.parametrize(
+    "pred, gold, match",
+    [
+        ("-3", "3", 0.0),  # text normalisation drops the sign
+        ("1.5", "15", 0.0),  # ... and the decimal point
+        ("1,000", "1000", 1.0),  # thousands separators do not count
+        ("3.0", "3", 1.0),  # nor trailing zeros
+        (" +42 ", "42", 1.0),
+        ("\u22127", "-7", 1.0),  # the Unicode minus sign
+        ("１２", "12", 1.0),  # full-width digits (NFKC)
+        ("0.5", ".5", 1.0),
+        ("1,00", "100", 1.0),  # not a thousands grouping: compared as text, as before
+        ("3 apples", "3", 0.0),  # not a bare number: text rules
+        ("the 3", "3", 1.0),  # text rules: the article goes
+    ],
+)
+def test_exact_match_numbers(pred, gold, match):
+    assert exact_match(pred, gold) == match
+    assert f1_score(pred, gold) == (match if pred not in ("3 apples",) else pytest.approx(2 / 3))
+
+
 def test_f1_hand_checked():
     # pred {paris, france} vs gold {paris}: P = 1/2, R = 1 -> F1 = 2/3
     assert f1_score("Paris, France", "Paris") == pytest.approx(2 / 3)

@@ -13,7 +13,7 @@ from agent_r1.context import ContextManager
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import Learner, LearnerConfig, ValueModel
 from agent_r1.pipeline.rl_driver import RLTrainer, annotate
-from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
+from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 
 # ------------------------------------------------------------------------------- process reward
@@ -24,7 +24,7 @@ def _search(query):
 
 
 @pytest.fixture(scope="module")
-def searched_trajs(tok, frozen_learner, corpus, tasks, scripted_engine):
+def searched_trajs(tok, frozen_learner, corpus, tasks):
     """Two episodes of the Mona Lisa task: one searches a gold document, one a distractor; both
     then give the same wrong answer. Returns a function of the retrieval bonus."""
     search = make_search_tool(SearchIndex(corpus), top_k=1)
@@ -35,11 +35,11 @@ def searched_trajs(tok, frozen_learner, corpus, tasks, scripted_engine):
     def run(bonus):
         script = [[ids(_search("Mona Lisa")), ids(_search("Danube"))], [ids("<answer>London</answer>")] * 2]
         return run_episodes(
-            scripted_engine(frozen_learner.model, tok, script),
+            ScriptedEngine(tok, script, model=frozen_learner.model),
             lambda: MultiHopQAEnv(search, retrieval_bonus=bonus),
             [tasks[0], tasks[0]],
             ContextManager(tok, tools=[search.schema]),
-            SamplingParams(temperature=1.0, max_new_tokens=8),
+            SamplingParams(temperature=1.0, max_new_tokens=64),
             group_ids=[0, 0],
         )
 

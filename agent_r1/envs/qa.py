@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from agent_r1.envs.metrics import Metric
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
 from agent_r1.envs.tool_env import ToolEnv
 from agent_r1.rewards import (
@@ -29,8 +30,28 @@ class MultiHopQAEnv(ToolEnv):
     Final reward: ``compose_reward(answer_score(answer, answers, answer_metric), well_formed,
     reward_scheme, format_score)``; an episode that ends without an answer scores as an
     ill-formed one. Process reward: ``retrieval_bonus`` for each gold document a search retrieves
-    for the first time in the episode.
+    for the first time in the episode. Built from a config with the tools of ``env.tools``
+    (default: ``search``), one of which must be named ``search``.
     """
+
+    METRICS = {
+        "em": Metric("exact match of the answer with a gold answer (0 without an answer)"),
+        "f1": Metric("token F1 of the answer with the best gold answer"),
+        "found_gold": Metric("gold documents the episode's searches retrieved"),
+        "search_recall": Metric("share of the question's gold documents the searches retrieved"),
+    }
+    DEFAULT_TOOLS = ["search"]
+    DEFAULT_SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT
+
+    @classmethod
+    def from_config(cls, tools: list[Tool], cfg) -> MultiHopQAEnv:
+        search = [t for t in tools if t.name == "search"]
+        if not search:
+            raise ValueError(f"{cls.__name__} needs a tool named 'search'; env.tools gave {[t.name for t in tools]}")
+        own = {"reward_scheme": cfg.reward_scheme, "answer_metric": cfg.answer_metric,
+               "retrieval_bonus": cfg.retrieval_bonus}
+        return cls(search[0], other_tools=[t for t in tools if t.name != "search"],
+                   **cls.common_settings(cfg) | own | cfg.kwargs)
 
     def __init__(
         self,
@@ -45,9 +66,10 @@ class MultiHopQAEnv(ToolEnv):
         max_tool_calls_per_turn: int = 2,
         max_context_tokens: int | None = None,
         format_penalty: float = 0.0,
+        other_tools: list[Tool] = (),
     ):
         super().__init__(
-            [search_tool],
+            [search_tool, *other_tools],
             parser=parser,
             max_turns=max_turns,
             max_tool_calls_per_turn=max_tool_calls_per_turn,
@@ -85,12 +107,16 @@ class MultiHopQAEnv(ToolEnv):
         )
         n_gold = len(set(self.task["gold_titles"]))
         return reward, {
-            "answer": answer,
             "em": exact_match(answer, golds),
             "f1": f1_score(answer, golds),
             "found_gold": len(self.found_gold),
-            "gold_recall": len(self.found_gold) / n_gold if n_gold else 0.0,
+            "search_recall": len(self.found_gold) / n_gold if n_gold else 0.0,
         }
+
+    def oracle_turns(self, task: dict) -> list[str]:
+        """One search per entity of the task's ``search_chain``, then the first gold answer."""
+        calls = [{"name": self.search_name, "arguments": {"query": entity}} for entity in task["search_chain"]]
+        return [f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls] + [f"<answer>{task['answers'][0]}</answer>"]
 
 
 class NaiveRAGEnv(MultiHopQAEnv):

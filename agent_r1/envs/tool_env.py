@@ -11,7 +11,9 @@ tool names in them are capped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+from agent_r1.envs.metrics import Metric, check_metrics
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
 from agent_r1.tools.base import Tool, ToolResult, _describe, _truncate, as_text, run_tool, validate_arguments
 
@@ -23,10 +25,11 @@ class EnvStep:
     observation: list[dict]
     reward: float  # step reward (format penalty + process reward)
     done: bool
+    # tool_calls, answer, format_error, tool_errors, timed_out, truncated, errors; when done also
+    # final_reward, stop_reason and metrics (final_reward's declared metrics, as floats)
     info: dict = field(default_factory=dict)
 
 
-_METRICS = ("turns", "tool_calls", "format_errors", "tool_errors", "timeouts", "truncated_tool_outputs")
 _MAX_NAME_CHARS, _MAX_ERROR_CHARS = 64, 500  # a tool name / an error message as shown to the model
 
 
@@ -49,8 +52,46 @@ class ToolEnv:
         these makes the turn a format error (``format_penalty`` added to its reward);
       - the turn that reaches ``max_turns`` without an answer ends the episode (``"max_turns"``).
 
-    Subclasses build prompts in `reset` and rewards in `step_reward` / `final_reward`.
+    Subclasses build prompts in `reset` and rewards in `step_reward` / `final_reward`, declare
+    the metrics ``final_reward`` reports in ``METRICS`` (agent_r1/envs/metrics.py: every one
+    reaches the training metrics, the evaluation summary and MLflow), may give oracle turns for
+    the SFT cold start in `oracle_turns`, and are built from a config by `from_config`.
     """
+
+    # The counters every episode keeps (``self.metrics``); a subclass declares its own metrics.
+    METRICS: ClassVar[dict[str, Metric]] = {
+        "turns": Metric("model turns in the episode"),
+        "tool_calls": Metric("tool calls run in the episode"),
+        "format_errors": Metric("turns with a format error (bad call, unknown tool, bad arguments)"),
+        "tool_errors": Metric("tool calls that failed (raised, timed out, could not be scored)"),
+        "timeouts": Metric("tool calls stopped by their timeout"),
+        "truncated_tool_outputs": Metric("tool outputs cut at the tool's max_output_chars"),
+    }
+    DEFAULT_TOOLS: ClassVar[list[str | dict]] = []  # the tools when the config's env.tools is null
+    DEFAULT_SYSTEM_PROMPT: ClassVar[str | None] = None  # env.system_prompt: "default"
+
+    @classmethod
+    def declared_metrics(cls) -> dict[str, Metric]:
+        """``METRICS`` of this class and of its bases (a subclass's declaration wins)."""
+        out: dict[str, Metric] = {}
+        for klass in reversed(cls.__mro__):
+            out |= vars(klass).get("METRICS", {})
+        return out
+
+    @classmethod
+    def from_config(cls, tools: list[Tool], cfg: Any) -> ToolEnv:
+        """The environment for the config's ``env`` section ``cfg`` (agent_r1.config.EnvConfig)
+        with ``tools``: the turn limits, the system prompt and ``cfg.kwargs``. A subclass with
+        settings of its own overrides this (see MultiHopQAEnv) or takes them from ``kwargs``."""
+        return cls(tools, **cls.common_settings(cfg) | cfg.kwargs)
+
+    @classmethod
+    def common_settings(cls, cfg: Any) -> dict:
+        """The constructor arguments every ToolEnv takes, from the config's ``env`` section
+        (``env.kwargs`` may override them)."""
+        prompt = cls.DEFAULT_SYSTEM_PROMPT if cfg.system_prompt == "default" else cfg.system_prompt
+        return {"max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens,
+                "format_penalty": cfg.format_penalty, "system_prompt": prompt}
 
     def __init__(
         self,
@@ -70,7 +111,7 @@ class ToolEnv:
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
         self.task: dict = {}
-        self.metrics: dict[str, int] = dict.fromkeys(_METRICS, 0)
+        self.metrics: dict[str, int] = dict.fromkeys(ToolEnv.METRICS, 0)
         self.done = False
 
     @property
@@ -82,7 +123,7 @@ class ToolEnv:
         """Start an episode; returns the initial chat messages (system prompt, if any, and the
         task's ``prompt`` or ``question`` as the user message)."""
         self.task = task
-        self.metrics = dict.fromkeys(_METRICS, 0)
+        self.metrics = dict.fromkeys(ToolEnv.METRICS, 0)
         self.done = False
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": task.get("prompt") or task["question"]}]
@@ -191,14 +232,21 @@ class ToolEnv:
         self, observation: list[dict], reward: float, info: dict, stop_reason: str, action_text: str
     ) -> EnvStep:
         self.done = True
-        final, extra = self.final_reward(info["answer"], action_text)
-        info.update(extra, final_reward=final, stop_reason=stop_reason)
+        final, metrics = self.final_reward(info["answer"], action_text)
+        info.update(final_reward=final, stop_reason=stop_reason, metrics=check_metrics(type(self), metrics))
         return EnvStep(observation, reward, True, info)
 
     def step_reward(self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]]) -> float:
         """Process reward of a turn from the calls that ran (the format penalty is added apart)."""
         return 0.0
 
-    def final_reward(self, answer: str | None, action_text: str) -> tuple[float, dict]:
-        """Outcome reward when the episode ends (`answer` is None without one) and info extras."""
+    def final_reward(self, answer: str | None, action_text: str) -> tuple[float, dict[str, float]]:
+        """Outcome reward when the episode ends (`answer` is None without one) and the episode's
+        values of metrics declared in ``METRICS`` (an undeclared name raises MetricError)."""
         return 0.0, {}
+
+    def oracle_turns(self, task: dict) -> list[str] | None:
+        """The assistant turns an oracle would write for `task` (tool calls, then the answer),
+        for the SFT cold start: the SFT stage plays them through `step`, so the real tools give
+        the observations. None: this environment gives no demonstration for the task."""
+        return None

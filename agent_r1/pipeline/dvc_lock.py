@@ -42,7 +42,7 @@ def why_not_recorded(cfg: RunConfig, config_file: str | Path | None, overrides: 
     if overrides:
         return "the run had overrides that pipelines.yaml does not hold"
     if not Path("pipelines.yaml").is_file() or Path(config_file or "pipelines.yaml").resolve() != Path("pipelines.yaml").resolve():
-        return f"the config did not come from ./pipelines.yaml (dvc.yaml's params file)"
+        return "the config did not come from ./pipelines.yaml (dvc.yaml's params file)"
     if _dvc_pipeline(Path("dvc.yaml")) != cfg.name:
         return f"dvc.yaml runs pipeline {_dvc_pipeline(Path('dvc.yaml'))!r}, not {cfg.name!r}"
     if cfg.out.resolve() != (Path("outputs") / cfg.name).resolve():

@@ -26,6 +26,7 @@ import torch
 from agent_r1.algorithms import AdvantageInputs, get_advantage
 from agent_r1.config import RLConfig, RunConfig, parse_method
 from agent_r1.context import ContextManager
+from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import load_model
@@ -35,7 +36,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, 
                                      save_state, write_json)
 from agent_r1.progress import Progress
 from agent_r1.rollout import HFEngine, RolloutEngine, SamplingParams, run_episodes
-from agent_r1.run import Agent, make_search, tasks_for
+from agent_r1.run import Agent, make_tools, tasks_for
 from agent_r1.trajectory import Trajectory, collate, to_sequences
 from agent_r1.transcripts import transcripts
 
@@ -87,14 +88,13 @@ def update(learner, batch: dict, generator: torch.Generator | None = None) -> di
 
 
 def rollout_stats(trajs: list[Trajectory]) -> dict:
+    """Every metric the environment declares (aggregated as declared), plus reward and turns."""
     rewards = [t.total_reward for t in trajs]
     turns = sum(len(t.steps) for t in trajs)
-    return {
+    return aggregate(trajs) | {
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
-        "em": statistics.fmean(t.metrics.get("em", 0.0) for t in trajs),
-        "tool_calls": statistics.fmean(t.metrics.get("tool_calls", 0) for t in trajs),
-        "format_errors": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
+        "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
         "turns": turns / len(trajs),
         "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs) / len(trajs),
     }
@@ -177,7 +177,7 @@ class RLTrainer:
         questions of ``rl.hops`` / ``rl.qtypes``; resumes from ``state/`` when it can."""
         data_dir = cfg.out / "data"
         model, tokenizer = _load_start(cfg, tracker)
-        agent = Agent(model, tokenizer, make_search(cfg, data_dir), cfg)
+        agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
         lc = cfg.rl.learner
         reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
         critic = ValueModel(_load_start(cfg, tracker)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
@@ -250,7 +250,7 @@ class RLTrainer:
             report(f"iteration {self.iteration}/{total}", self.iteration / max(total, 1))
             while not self.done:
                 s = self.step(runner)
-                report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, EM {s['em']:.3f}, "
+                report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, EM {s.get('em', float('nan')):.3f}, "
                        f"tool calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
         return runner.rl_finish(self)
 

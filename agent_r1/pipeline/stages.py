@@ -36,7 +36,7 @@ from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, data_version, fingerprint, is_complete, mark_complete, resumable,
                                      save_state, write_json)
 from agent_r1.progress import Progress
-from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_search, oracle_demonstrations, prepare_data, tasks_for
+from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data, tasks_for
 from agent_r1.sft import sft as sft_loop
 from agent_r1.transcripts import transcripts
 
@@ -84,7 +84,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         return checkpoint_dir(cfg, "sft")
     torch.manual_seed(cfg.seed)
     data_dir = cfg.out / "data"
-    search = make_search(cfg, data_dir)
+    tools = make_tools(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
     resume = resumable(state_dir, fp)
     if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
@@ -93,7 +93,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         tokenizer = AutoTokenizer.from_pretrained(state_dir)
         model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
     else:
-        model, tokenizer = initial_model(cfg, data_dir, search)
+        model, tokenizer = initial_model(cfg, data_dir, tools)
         _check_vocabulary(cfg, tokenizer)
         if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
             from agent_r1.learner import save_hf_checkpoint
@@ -101,7 +101,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
             save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
         else:  # the baseline is the configured model itself; the folder names it (a DVC output)
             write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
-    agent = Agent(model, tokenizer, search, cfg)
+    agent = Agent(model, tokenizer, tools, cfg)
     learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0}), precision=cfg.model.precision)
     start, history = 0, []
     if resume:
@@ -159,7 +159,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
 
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
-    search = make_search(cfg, data_dir)
+    tools = make_tools(cfg, data_dir)
     test = load_split(data_dir, cfg.eval.split)
     tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
     if not tasks:
@@ -174,7 +174,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
             src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
         model, tokenizer = load_model(src)
         env_cls = NaiveRAGEnv if method == "naive_rag" else Agent.env_cls
-        agent = Agent(model, tokenizer, search, cfg, env_cls)
+        agent = Agent(model, tokenizer, tools, cfg, env_cls)
         by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics

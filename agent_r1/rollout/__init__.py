@@ -1,4 +1,5 @@
 from agent_r1.rollout.engine import Generation, HFEngine, RolloutEngine, SamplingParams
 from agent_r1.rollout.loop import run_episodes
+from agent_r1.rollout.scripted import ScriptedEngine
 
-__all__ = ["Generation", "HFEngine", "RolloutEngine", "SamplingParams", "run_episodes"]
+__all__ = ["Generation", "HFEngine", "RolloutEngine", "SamplingParams", "ScriptedEngine", "run_episodes"]

@@ -39,10 +39,13 @@ class Generation:
 class RolloutEngine(ABC):
     """Generates one model turn for many contexts at once.
 
-    The contract of :meth:`generate`: one :class:`Generation` per context, in order; a finished
-    generation ends with the end-of-turn (eos) token and holds at most ``max_new_tokens`` ids;
-    ``logprobs[k]`` is the log-probability of ``ids[k]`` under the distribution it was sampled
-    from (temperature and top-p applied; greedy: the untempered one).
+    The contract of :meth:`generate`: one :class:`Generation` per context, in order; every
+    generation holds at most ``max_new_tokens`` ids; a finished one (``finished=True``) ends
+    with the end-of-turn (eos) token and holds no eos before it, an unfinished one was cut at
+    ``max_new_tokens`` and holds no eos; ``logprobs[k]`` is the log-probability of ``ids[k]``
+    under the distribution it was sampled from (temperature and top-p applied; greedy: the
+    untempered one). :class:`~agent_r1.rollout.scripted.ScriptedEngine` plays fixed turns
+    under the same contract (for tests and docs).
     """
 
     @abstractmethod

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from agent_r1.context import ContextManager
+from agent_r1.envs.metrics import MetricError
 from agent_r1.rollout.engine import RolloutEngine, SamplingParams
 from agent_r1.tools.base import _describe
 from agent_r1.trajectory import Step, Trajectory
+
+if TYPE_CHECKING:
+    from agent_r1.envs import ToolEnv
 
 log = logging.getLogger(__name__)
 
 
 def run_episodes(
     engine: RolloutEngine,
-    make_env: Callable[[], object],
+    make_env: Callable[[], ToolEnv],
     tasks: list[dict],
     context: ContextManager,
     params: SamplingParams,
@@ -33,7 +38,12 @@ def run_episodes(
 
     An episode whose environment raises (in ``reset``, ``step`` or while its observation is
     added to the context) ends there with ``stop_reason="env_error"`` and the error in its
-    metrics; the other episodes go on.
+    metrics; the other episodes go on. A :class:`MetricError` (the environment reported a
+    metric it does not declare) is a bug in the environment and is raised.
+
+    A finished trajectory's ``metrics`` hold the environment's counters and the metrics its
+    ``final_reward`` reported, plus ``answer`` and ``stop_reason``; ``metric_aggs`` says how
+    each declared metric aggregates over a batch (agent_r1/envs/metrics.py).
     """
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
@@ -46,6 +56,8 @@ def run_episodes(
         try:
             ctxs[i] = context.start(env.reset(task))
             active.append(i)
+        except MetricError:
+            raise
         except Exception as e:  # noqa: BLE001 - one broken task must not cost the batch
             _env_error(trajs[i], envs[i], e)
     turn = 0
@@ -59,6 +71,8 @@ def run_episodes(
             try:
                 if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, context, params, max_context_tokens):
                     still.append(i)
+            except MetricError:
+                raise
             except Exception as e:  # noqa: BLE001 - contain the episode, keep the batch
                 _env_error(trajs[i], envs[i], e)
         active = still
@@ -90,15 +104,12 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: Conte
         )
     )
     if res.done:
-        traj.final_reward = float(info.get("final_reward", 0.0))
-        traj.metrics = _episode_metrics(env, info)
+        _finish(traj, env, info)
         return False
     context.observe(ctx, gen.ids, res.observation)
     if max_context_tokens and len(context.context_ids(ctx)) + params.max_new_tokens > max_context_tokens:
         # The next turn cannot fit in the context: end the episode here.
-        res = env.end("token_budget")
-        traj.final_reward = float(res.info.get("final_reward", 0.0))
-        traj.metrics = _episode_metrics(env, res.info)
+        _finish(traj, env, env.end("token_budget").info)
         return False
     return True
 
@@ -108,12 +119,15 @@ def _env_error(traj: Trajectory, env, e: Exception) -> None:
     error = _describe(e, 500)
     log.warning("episode %s ended by an environment error: %s", traj.task_id, error)
     traj.final_reward = 0.0
-    traj.metrics = {**getattr(env, "metrics", {}), "stop_reason": "env_error", "env_error": error}
+    traj.metrics = {**env.metrics, "stop_reason": "env_error", "env_error": error}
+    traj.metric_aggs = _aggs(env)
 
 
-def _episode_metrics(env, info: dict) -> dict:
-    m = dict(getattr(env, "metrics", {}))
-    for key in ("em", "f1", "answer", "found_gold", "gold_recall", "stop_reason"):
-        if key in info:
-            m[key] = info[key]
-    return m
+def _finish(traj: Trajectory, env, info: dict) -> None:
+    traj.final_reward = float(info["final_reward"])
+    traj.metrics = {**env.metrics, **info["metrics"], "answer": info["answer"], "stop_reason": info["stop_reason"]}
+    traj.metric_aggs = _aggs(env)
+
+
+def _aggs(env) -> dict[str, str]:
+    return {name: m.agg for name, m in type(env).declared_metrics().items()}

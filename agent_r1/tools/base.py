@@ -252,22 +252,3 @@ def run_tool(tool: Tool, arguments: Any) -> ToolResult:
 
 def _failure(error: str, timed_out: bool = False) -> ToolResult:
     return ToolResult(text=f"Error: {error}", error=error, timed_out=timed_out)
-
-
-TOOLS: dict[str, Tool] = {}
-
-
-def register_tool(tool: Tool) -> Tool:
-    """Add a tool to `TOOLS` under its name (returns it, so it can wrap a ``@tool``)."""
-    if TOOLS.get(tool.name, tool) is not tool:
-        raise ValueError(f"a different tool named '{tool.name}' is already registered")
-    TOOLS[tool.name] = tool
-    return tool
-
-
-def get_tool(name: str) -> Tool:
-    """The registered tool called `name`; KeyError listing the known names otherwise."""
-    try:
-        return TOOLS[name]
-    except KeyError:
-        raise KeyError(f"unknown tool '{name}'; registered tools: {sorted(TOOLS) or 'none'}") from None

@@ -9,11 +9,14 @@ import os
 # host arrays, so JAX stays on the CPU unless the user has chosen otherwise.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from pathlib import Path  # noqa: E402
+
 import bm25s  # noqa: E402
 import pandas as pd
 import Stemmer
 
 from agent_r1.tools.base import Tool, ToolOutput, tool
+from agent_r1.tools.registry import register_tool
 
 
 class SearchIndex:
@@ -90,3 +93,14 @@ def make_search_tool(
     # thread-safe: a read-only index whose top-k runs in numpy, fast enough for a thread (the
     # worker process that guards other tools would cost a fork per search)
     return tool(search, timeout_s=timeout_s, max_output_chars=max_output_chars, thread_safe=True)
+
+
+@register_tool(name="search")
+def search_tool(data_dir: Path, env, top_k: int | None = None) -> Tool:
+    """The registered ``search`` tool: BM25 over ``<data_dir>/corpus.parquet``; ``top_k``,
+    the timeout and the output cap default to ``env.top_k``, ``env.tool_timeout_s`` and
+    ``env.max_output_chars``."""
+    from agent_r1.data.synthetic import load_corpus
+
+    return make_search_tool(SearchIndex(load_corpus(data_dir)), top_k=top_k or env.top_k,
+                            timeout_s=env.tool_timeout_s, max_output_chars=env.max_output_chars)
