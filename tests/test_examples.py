@@ -21,7 +21,7 @@ EXAMPLE = ROOT / "examples" / "city_facts"
 AGENT_R1 = str(Path(sys.executable).with_name("agent-r1"))
 # a small tiny model and a short run: the plumbing, not the learning
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
-        "model.tiny.intermediate_size=64", "model.tiny.vocab_size=512", "sft.epochs=0.5", "rl.iterations=1",
+        "model.tiny.intermediate_size=64", "model.tiny.vocab_size=320", "sft.epochs=0.5", "rl.iterations=1",
         "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=3"]
 
 
