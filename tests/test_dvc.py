@@ -155,34 +155,6 @@ def test_dvc_repro_exp_run_and_metrics(tmp_path):
     assert exps["smaller"]["data"]["params"]["pipelines.yaml"]["data"]["pipelines"]["default"]["rl"]["iterations"] == 3
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # one tiny `agent-r1 train`, then DVC: 2.5 min on the 2-core machine, 11 min at load 8
-def test_dvc_repro_after_a_whole_run_trains_nothing(tmp_path):
-    """`agent-r1 train` of dvc.yaml's pipeline records its outputs in dvc.lock, so `dvc repro`
-    afterwards runs no stage; `.venv/bin/dvc repro` works with the venv off PATH (the stage
-    commands find .venv/bin themselves)."""
-    repo = scratch_repo(tmp_path, _merge(repo_pipeline(), parse_overrides(TINY)))
-    (repo / ".venv").symlink_to(BIN.parent)  # the project's venv, as `make install` makes it
-    env = _env(tmp_path)
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != BIN)
-    venv = repo / ".venv" / "bin"
-
-    _run([str(venv / "agent-r1"), "train"], repo, env)
-    lock = yaml.safe_load((repo / "dvc.lock").read_text())
-    assert list(lock["stages"]) == STAGES
-    repro = _run([str(venv / "dvc"), "repro"], repo, env)
-    assert ran(repro) == [], repro
-    assert "Data and pipelines are up to date" in _run([str(venv / "dvc"), "status"], repo, env)
-
-    # a changed param re-runs from its stage on, with the stage commands found through .venv/bin
-    with open(repo / "pipelines.yaml") as f:
-        pipelines = yaml.safe_load(f)
-    pipelines["pipelines"]["default"]["eval"]["max_per_hop"] = 2
-    (repo / "pipelines.yaml").write_text(yaml.safe_dump(pipelines, sort_keys=False))
-    assert ran(_run([str(venv / "dvc"), "repro"], repo, env)) == ["evaluate", "register"]
-    assert json.loads((repo / "outputs" / "default" / "metrics" / "eval.json").read_text())["test_2hop"]["grpo"]["n"] == 2
-
-
 def test_only_the_run_dvc_yaml_describes_is_recorded(tmp_path, monkeypatch):
     """dvc.lock may only claim outputs made with pipelines.yaml's params for dvc.yaml's pipeline."""
     from agent_r1.config import load_config

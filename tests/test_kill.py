@@ -3,7 +3,7 @@ writes too, resumes into the same MLflow run with nothing corrupt, and ends with
 metrics and weights as a run that was never interrupted.
 
 Each kill is one ``agent-r1 train`` process (about 10 s on two busy cores, most of it imports),
-so the number of kill points is a setting: ``AGENT_R1_KILL_POINTS`` (default 10; half in SFT,
+so the number of kill points is a setting: ``AGENT_R1_KILL_POINTS`` (default 5; half in SFT,
 half in RL). The points are drawn from a seeded generator: the first of each phase lands while
 a resumable state is being written, the last SFT one while the SFT checkpoint is written, the
 others at a random delay after the process has written a new state (so every restart makes
@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-KILL_POINTS = int(os.environ.get("AGENT_R1_KILL_POINTS", "10"))
+KILL_POINTS = int(os.environ.get("AGENT_R1_KILL_POINTS", "5"))
 SETTINGS = [
     "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "sft.checkpoint_every=2",
     "rl.iterations=10", "rl.checkpoint_every=1", "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=3",
