@@ -12,7 +12,7 @@ from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.models import load_model
 from agent_r1.pipeline.rl_driver import rl_seconds
-from agent_r1.pipeline.state import checkpoint_dir
+from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config
 from agent_r1.progress import Progress
 from agent_r1.run import Agent, make_tools, oracle_demonstrations
 from agent_r1.sft import sft as sft_loop
@@ -32,7 +32,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
     agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0}), precision=cfg.model.precision)
+    learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     deadline, seed = time.perf_counter() + seconds, cfg.seed
 

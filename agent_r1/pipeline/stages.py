@@ -33,7 +33,7 @@ from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
-from agent_r1.pipeline.state import (checkpoint_dir, data_version, fingerprint, is_complete, mark_complete, resumable,
+from agent_r1.pipeline.state import (checkpoint_dir, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
                                      save_state, write_json)
 from agent_r1.progress import Progress
 from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data, tasks_for
@@ -102,7 +102,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         else:  # the baseline is the configured model itself; the folder names it (a DVC output)
             write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
     agent = Agent(model, tokenizer, tools, cfg)
-    learner = Learner(model, cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0}), precision=cfg.model.precision)
+    learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
     start, history = 0, []
     if resume:
         client = learner.load_state(state_dir)

@@ -95,3 +95,9 @@ def save_state(learner, state_dir: Path, fp: str, client: dict, tokenizer=None) 
     """The learner's resumable state plus ``client`` (progress, RNG), tagged with ``fp``."""
     learner.save_state(state_dir, client, tokenizer)
     write_json(state_dir / "meta.json", {"fingerprint": fp, "step": client["step"]})
+
+
+def sft_learner_config(cfg: RunConfig):
+    """The learner settings of SFT and the control: rl.learner's optimizer at ``sft.lr``, every
+    weight trained (no LoRA)."""
+    return cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0})
