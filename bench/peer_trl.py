@@ -55,9 +55,16 @@ MISSING_TRL = (f"bench/peer_trl.py needs TRL: pip install -e \".[peers]\" (insta
                "with the CPU torch pin: add -c constraints-cpu.txt)")
 
 
+def model_arg(value: str) -> str:
+    if value in ("tiny", "smollm2") or Path(value, "config.json").is_file():
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: not tiny, smollm2 or a checkpoint folder with a config.json")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--model", type=model_arg, default="tiny",
+                   help="tiny, smollm2, or a checkpoint folder (e.g. an SFT checkpoint, whose episodes are multi-turn)")
     p.add_argument("--steps", type=int, default=3, help="timed RL steps per side (after one warm-up step)")
     p.add_argument("--questions", type=int, default=4, help="questions per RL step")
     p.add_argument("--group-size", type=int, default=4)
@@ -100,8 +107,8 @@ def setup(args):
 
     torch.manual_seed(args.seed)
     world = generate(WorldConfig(seed=args.seed, name_words=1, n_films=800, n_directors=260))  # the tiny pipeline's world
-    if args.model == "smollm2":
-        model, tok = load_model("smollm2-135m-instruct", device="cpu")
+    if args.model != "tiny":
+        model, tok = load_model("smollm2-135m-instruct" if args.model == "smollm2" else args.model, device="cpu")
     else:
         texts = list(world.corpus["text"]) + list(world.corpus["title"]) + list(world.questions["question"])
         tok = train_tokenizer(texts, vocab_size=4096)
@@ -172,7 +179,7 @@ def run_ours(args) -> dict:
         """TRL's episode rule (a turn without a tool call ends the episode) and the bench's reward."""
 
         def final_reward(self, answer, action_text):
-            return reward(action_text, self.task["answers"], args.reward), {"answer": answer}
+            return reward(action_text, self.task["answers"], args.reward), super().final_reward(answer, action_text)[1]
 
         def step(self, action_text, context_tokens=None):
             out = super().step(action_text, context_tokens)

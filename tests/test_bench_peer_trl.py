@@ -26,6 +26,14 @@ def test_help_runs_and_names_the_ratio():
     assert "--model" in out
 
 
+def test_model_is_tiny_smollm2_or_a_checkpoint_folder(tmp_path):
+    mod = _load()
+    (tmp_path / "config.json").write_text("{}")
+    assert [mod.parse_args(["--model", m]).model for m in ("tiny", "smollm2", str(tmp_path))] == ["tiny", "smollm2", str(tmp_path)]
+    r = subprocess.run([sys.executable, str(BENCH), "--model", str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert r.returncode == 2 and "not tiny, smollm2 or a checkpoint folder" in r.stderr
+
+
 @pytest.mark.slow
 def test_ours_side_runs_one_step_on_the_tiny_model():
     pytest.importorskip("trl")  # the shared chat template is TRL's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -112,6 +113,7 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
     env = {k: v for k, v in _env(tmp_path).items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != BIN)  # not activated
     env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"  # a busy machine (the default is 20 s)
+    outputs = repo / "outputs" / "default"
     log = []
 
     def run(line: str) -> str:
@@ -130,6 +132,9 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
                 if recipe_line.startswith(".venv/bin/"):  # not the install steps: this venv is installed
                     run(recipe_line)
             continue
+        if line.startswith(".venv/bin/dvc exp run"):
+            kept = {p: p.stat().st_mtime_ns for p in (outputs / "data" / "train.parquet", outputs / "checkpoints" / "sft" / "config.json")}
+            (outputs / "state" / "keep").write_text("resume points live here")  # not an output: DVC leaves it
         out = run(line)
         if line.startswith(".venv/bin/dvc repro"):
             # the flow of `make run` recorded its outputs; `agent-r1 evaluate` since merged into
@@ -137,6 +142,14 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
             assert set(ran(out)) <= {"evaluate", "register"}, out
         elif line.startswith(".venv/bin/dvc exp run"):
             assert ran(out) == ["train", "evaluate", "register"], out
+            assert {p: p.stat().st_mtime_ns for p in kept} == kept and (outputs / "state" / "keep").exists()
+            assert "rloo" in json.loads((outputs / "metrics" / "eval.json").read_text())["test"]
+            # the experiment's metrics are readable from its commit (outputs/ is git-ignored: cached outs)
+            shown = subprocess.run([str(repo / ".venv" / "bin" / "dvc"), "exp", "show", "--json"], cwd=repo, env=env, capture_output=True, text=True, check=True)
+            rows = json.loads(shown.stdout)
+            exps = [e["data"] for row in rows for group in row.get("experiments") or [] for e in group["revs"]]
+            assert [e["metrics"]["outputs/default/metrics/eval.json"]["data"] for e in exps] == [
+                json.loads((outputs / "metrics" / "eval.json").read_text())]
     assert (repo / "dvc.lock").exists() and (repo / "outputs" / "tiny" / "metrics" / "eval.json").exists()
 
 
