@@ -351,3 +351,67 @@ def test_lora_trains_only_adapters_and_saves_a_plain_merged_checkpoint(tok, make
 def test_lora_with_zero3_is_refused(make_model):
     with pytest.raises(ValueError, match="ZeRO-3"):
         Learner(make_model(seed=12), LearnerConfig(lora_rank=4, zero_stage=3))
+
+
+# ------------------------------------------------------------------------------- shared prefix
+
+
+def _shared_batch(vocab: int, prefix: int = 12, seed: int = 0):
+    """Rows that start with the same ``prefix`` ids, then differ; right-padded; loss on the tail."""
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(3, vocab, (prefix,), generator=g)
+    rows = [torch.cat([head, torch.randint(3, vocab, (n,), generator=g)]) for n in (9, 5, 7)]
+    rows.append(rows[0].clone())  # a sample identical to another: the shared part stops at the loss
+    T = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), T), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    loss = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = r, 1
+        loss[i, prefix + 1 : len(r)] = 1
+    return ids, mask, loss
+
+
+@pytest.mark.parametrize("arch", ["tiny", "llama"])
+def test_shared_prefix_gives_the_same_logprobs_entropies_and_gradients(arch, make_model):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agent_r1.learner.learner import shared_prefix_len
+
+    if arch == "tiny":
+        model = make_model(seed=1)
+    else:  # SmolLM2's architecture
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    ids, mask, loss = _shared_batch(model.config.vocab_size)
+    assert shared_prefix_len(ids, mask, loss[:, 1:].bool()) == 12  # the last shared column's output is needed
+    results = []
+    for share in (False, True):
+        model.zero_grad()
+        logp, ent = token_logprobs(model, ids, mask, 0.9, with_entropy=True, positions=loss, share_prefix=share)
+        ((logp * torch.linspace(0.5, 1.5, logp.shape[1])).sum() + ent.sum()).backward()
+        results.append((logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    assert (lp0[loss.bool()] != 0).all()
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=1e-4)
+    assert g0.keys() == g1.keys() and all(g0[n].abs().sum() > 0 for n in g0 if "embed" not in n)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_shared_prefix_len_stops_at_padding_a_difference_and_the_first_needed_output():
+    from agent_r1.learner.learner import shared_prefix_len
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 0], [5, 6, 7, 8, 9, 4], [5, 6, 7, 1, 9, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    none = torch.zeros((3, 5), dtype=torch.bool)
+    assert shared_prefix_len(ids, mask, none) == 3  # row 2 differs at column 3
+    assert shared_prefix_len(ids[:2], mask[:2], none) == 5  # row 0 is padded at column 5
+    at = none.clone()
+    at[1, 2] = True  # column 2's output predicts a loss token
+    assert shared_prefix_len(ids, mask, at) == 2
+    assert shared_prefix_len(ids[:1], mask[:1], none) == 0  # one row: nothing to share
+    same = ids[1:2].repeat(2, 1)
+    assert shared_prefix_len(same, torch.ones_like(same), torch.zeros((2, 5), dtype=torch.bool)) == 5  # one column left

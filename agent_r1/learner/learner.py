@@ -71,6 +71,8 @@ class LearnerConfig(BaseModel):
     """Clip range of the critic's value update."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
     """Logits are divided by it when computing log-probs for the update; keep it equal to rl.temperature."""
+    share_prefix: bool = True
+    """Run the tokens every row of a micro-batch starts with (the system prompt, a group's question) once, not once per row, when computing log-probs (exact: the same values and gradients)."""
     lora_rank: int = Field(0, ge=0)
     """>0: RL trains rank-r LoRA adapters on the decoder's linear layers instead of every weight (checkpoints are saved merged); SFT and the control always train every weight."""
     lora_alpha: float = Field(32.0, gt=0)
@@ -99,22 +101,57 @@ def _initialize(module: torch.nn.Module, lr: float, cfg: LearnerConfig):
     return engine
 
 
+MIN_SHARED_TOKENS = 8  # a shorter common prefix is not worth the second forward call
+
+
+def shared_prefix_len(input_ids: torch.Tensor, attention_mask: torch.Tensor, at: torch.Tensor) -> int:
+    """How many leading columns every row holds with the same ids (none padded), cut before the
+    first hidden state ``at`` needs (``at[:, t]``: position t's output is used), and so that at
+    least one column is left. 0 for a single row."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = ((input_ids == input_ids[:1]) & attention_mask.bool()).all(0)
+    n = int(same.long().cumprod(0).sum())
+    needed = at.any(0).nonzero()
+    return min(n, int(needed[0]) if len(needed) else n, input_ids.shape[1] - 1)
+
+
+def _hidden_after(decoder, input_ids, attention_mask, shared: int) -> torch.Tensor:
+    """The decoder's last hidden states of the columns from ``shared`` on. The first ``shared``
+    columns, the same in every row, run once (one row) and their keys and values serve every row:
+    exactly the full forward's values and, through the expanded cache, its gradients."""
+    if shared == 0:
+        return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    B, T = input_ids.shape
+    cache = decoder(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
+                    use_cache=True).past_key_values
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
+    pos = torch.arange(shared, T, device=input_ids.device).expand(B, -1)
+    return decoder(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=pos,
+                   past_key_values=cache, use_cache=True).last_hidden_state
+
+
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False,
-                   positions: torch.Tensor | None = None):
+                   positions: torch.Tensor | None = None, share_prefix: bool = False):
     """log p(ids[t] | ids[:t]) aligned to ``input_ids`` (position 0 gets 0), optionally entropies.
 
     With ``positions`` (a bool mask like ``input_ids``, e.g. the loss mask) the LM head and the
     softmax over the vocabulary run only at those positions and the rest are 0: for a 49k-token
     vocabulary that head is a fifth of a small model's forward, and the context tokens (prompt,
-    observations), most of a sequence, never need it.
+    observations), most of a sequence, never need it. With ``share_prefix`` too, the columns
+    every row starts with (the system prompt; a GRPO group's question) run once for the batch
+    (:func:`shared_prefix_len`, when at least ``MIN_SHARED_TOKENS``).
     """
     if positions is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
         targets = input_ids[:, 1:]
     else:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         at = positions[:, 1:].bool()
-        logits = model.get_output_embeddings()(hidden[:, :-1][at])
+        shared = shared_prefix_len(input_ids, attention_mask, at) if share_prefix else 0
+        shared = shared if shared >= MIN_SHARED_TOKENS else 0
+        hidden = _hidden_after(model.get_decoder(), input_ids, attention_mask, shared)
+        logits = model.get_output_embeddings()(hidden[:, :-1][at[:, shared:]])
         targets = input_ids[:, 1:][at]
     logits = logits.float()
     if temperature != 1.0:
@@ -211,7 +248,7 @@ class Learner:
             T = mb["input_ids"].shape[1]
             with autocast(self.precision, _device(model)):
                 out[micro, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature,
-                                                positions=mb["loss_mask"]).float().cpu()
+                                                positions=mb["loss_mask"], share_prefix=self.cfg.share_prefix).float().cpu()
         model.train(was)
         return out
 
@@ -286,7 +323,8 @@ class Learner:
         """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
 
         def loss_fn(mb):
-            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], positions=mb["loss_mask"])
+            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], positions=mb["loss_mask"],
+                                  share_prefix=self.cfg.share_prefix)
             loss = -aggregate(logp, mb["loss_mask"], self.cfg.loss_agg)
             return loss, {"sft_loss": loss.detach()}
 
@@ -305,7 +343,7 @@ class Learner:
         def policy_loss_fn(mb):
             logp, ent = token_logprobs(
                 self.model, mb["input_ids"], mb["attention_mask"], cfg.temperature, with_entropy=True,
-                positions=mb["loss_mask"],
+                positions=mb["loss_mask"], share_prefix=cfg.share_prefix,
             )
             mask = mb["loss_mask"]
             loss, metrics = self.policy_loss(
