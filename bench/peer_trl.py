@@ -77,6 +77,8 @@ def parse_args(argv=None):
                         "ties, and ours skips the update of rows whose advantage is zero while TRL computes them); "
                         "em+tiebreak (default): plus 0.01 x the last turn's length in characters / 500 (at most 0.01), "
                         "so every row has an advantage and both sides train on every row")
+    p.add_argument("--no-share-prefix", dest="share_prefix", action="store_false",
+                   help="ours: run every row's prompt in the update (LearnerConfig.share_prefix off), as TRL does")
     p.add_argument("--sides", nargs="+", choices=["ours", "trl"], default=["ours", "trl"],
                    help="which sides to run, in this order")
     p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)  # a child process runs one side
@@ -189,7 +191,7 @@ def run_ours(args) -> dict:
 
     model, tok, tasks, tool, search = setup(args)
     cfg = RLConfig(group_size=args.group_size, tasks_per_iteration=args.questions,
-                   learner=LearnerConfig(lr=args.lr, mini_batches=1, ppo_epochs=1))
+                   learner=LearnerConfig(lr=args.lr, mini_batches=1, ppo_epochs=1, share_prefix=args.share_prefix))
     learner = Learner(model, cfg.learner, precision="fp32")
     engine = HFEngine(model, tok, precision="fp32")
     context = ContextManager(tok, tools=[get_json_schema(search)])
