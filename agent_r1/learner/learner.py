@@ -72,7 +72,7 @@ class LearnerConfig(BaseModel):
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
     """Logits are divided by it when computing log-probs for the update; keep it equal to rl.temperature."""
     share_prefix: bool = True
-    """Run the tokens every row of a micro-batch starts with (the system prompt, a group's question) once, not once per row, when computing log-probs (exact: the same values and gradients)."""
+    """Run the tokens every row of a micro-batch starts with (the system prompt; also the question when the micro-batch is one GRPO group) once, not once per row, when computing log-probs (exact: the same values and gradients)."""
     lora_rank: int = Field(0, ge=0)
     """>0: RL trains rank-r LoRA adapters on the decoder's linear layers instead of every weight (checkpoints are saved merged); SFT and the control always train every weight."""
     lora_alpha: float = Field(32.0, gt=0)
@@ -140,7 +140,7 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, w
     softmax over the vocabulary run only at those positions and the rest are 0: for a 49k-token
     vocabulary that head is a fifth of a small model's forward, and the context tokens (prompt,
     observations), most of a sequence, never need it. With ``share_prefix`` too, the columns
-    every row starts with (the system prompt; a GRPO group's question) run once for the batch
+    every row starts with (the system prompt; the question too if all rows are one group's) run once
     (:func:`shared_prefix_len`, when at least ``MIN_SHARED_TOKENS``).
     """
     if positions is None:
