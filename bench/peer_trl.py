@@ -64,7 +64,7 @@ def model_arg(value: str) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=model_arg, default="tiny",
-                   help="tiny, smollm2, or a checkpoint folder (e.g. an SFT checkpoint, whose episodes are multi-turn)")
+                   help="tiny, smollm2, or a checkpoint folder (e.g. one that learned the tool format under this bench's Qwen2.5 template)")
     p.add_argument("--steps", type=int, default=3, help="timed RL steps per side (after one warm-up step)")
     p.add_argument("--questions", type=int, default=4, help="questions per RL step")
     p.add_argument("--group-size", type=int, default=4)

@@ -112,7 +112,7 @@ def test_dvc_yaml_params_deps_and_config_resolve(tmp_path, monkeypatch, pipeline
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # eight stage processes: about 4 min on a busy 2-core machine
+@pytest.mark.timeout(1800)  # five stage processes: about 2 min on the 2-core machine
 def test_dvc_repro_from_scratch_then_nothing_and_metrics(tmp_path):
     """`dvc repro` runs the five stages; again it runs none; metrics show the numbers.
     (`dvc exp run` re-running train onward only is checked by tests/test_readme.py, which runs

@@ -150,6 +150,7 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
             exps = [e["data"] for row in rows for group in row.get("experiments") or [] for e in group["revs"]]
             assert [e["metrics"]["outputs/default/metrics/eval.json"]["data"] for e in exps] == [
                 json.loads((outputs / "metrics" / "eval.json").read_text())]
+            assert exps[0]["params"]["pipelines.yaml"]["data"]["pipelines"]["default"]["rl"]["algorithm"] == "rloo"
     assert (repo / "dvc.lock").exists() and (repo / "outputs" / "tiny" / "metrics" / "eval.json").exists()
 
 
