@@ -4,11 +4,14 @@ every turn (reuse_kv=False), side by side, same seed.
     python bench/kv_reuse.py                                   # SmolLM2-135M-Instruct (the default model)
     python bench/kv_reuse.py --model tiny                       # the tiny from-scratch model
     python bench/kv_reuse.py --episodes 32 --turns 3 --repeats 2
+    python bench/kv_reuse.py --data hotpotqa                   # real HotpotQA questions and search results
 
 The workload is what the full-history context manager builds: each episode starts from a real
 question of the synthetic world under the default system prompt; after each sampled turn a search
 result (a corpus document, as the tool renders it) is appended as a ``tool`` message with the
-next assistant header; ``--turns`` turns per episode; the engine sees exactly the contexts the
+next assistant header (``--data hotpotqa``: dev questions of the shipped HotpotQA data, and as
+observations the search tool's real output for a question, top 2 paragraphs cut at the
+environment's 1,200 characters, as the ``hotpotqa`` pipeline sees them); ``--turns`` turns per episode; the engine sees exactly the contexts the
 agent loop would give it. Both modes sample with the same seed: the script checks that they
 sampled the same ids. It prints prefill tokens per episode, wall time per episode, and the
 ratios, measured back to back (the order alternates between repeats; medians are reported).
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,6 +35,9 @@ from agent_r1.rollout import HFEngine, SamplingParams
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model name_or_path, or 'tiny'")
+    p.add_argument("--data", choices=["synthetic", "hotpotqa"], default="synthetic",
+                   help="synthetic: the default world, one corpus document per observation; hotpotqa: data/hotpotqa dev "
+                        "questions, the search tool's top-2 output per observation (~4x longer)")
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -52,6 +59,22 @@ def load(name: str, world):
     texts = list(world.corpus["text"]) + list(world.questions["question"])
     tok = train_tokenizer(texts, vocab_size=4096)
     return build_tiny_model(TinyModelConfig(vocab_size=4096), tok), tok
+
+
+def workload(args, world) -> tuple[list[str], list[str]]:
+    """The episodes' questions and the observations appended after their turns."""
+    if args.data == "synthetic":
+        docs = [f"(1) {t}: {x}" for t, x in zip(world.corpus["title"][:64], world.corpus["text"][:64])]
+        return list(world.questions["question"][: args.episodes]), docs
+    from agent_r1.config import EnvConfig
+    from agent_r1.data.hotpotqa import load_hotpotqa
+    from agent_r1.tools import SearchIndex, make_search_tool
+    from agent_r1.tools.base import run_tool
+
+    questions, corpus = load_hotpotqa(Path(__file__).resolve().parents[1] / "data" / "hotpotqa" / "dev.jsonl")
+    questions = list(questions["question"][: max(args.episodes, 64)])
+    tool = make_search_tool(SearchIndex(corpus), top_k=2, max_output_chars=EnvConfig().max_output_chars)
+    return questions[: args.episodes], [run_tool(tool, {"query": q}).text for q in questions]
 
 
 def episodes(engine, cm, prompts, docs, turns, params, seed) -> tuple[float, list]:
@@ -77,9 +100,8 @@ def main(argv=None) -> None:
     world = generate(WorldConfig(seed=args.seed, name_words=1, n_films=800, n_directors=260))
     model, tok = load(args.model, world)
     model.eval()
-    questions = list(world.questions["question"][: args.episodes])
+    questions, docs = workload(args, world)
     prompts = [[{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": q}] for q in questions]
-    docs = [f"(1) {t}: {x}" for t, x in zip(world.corpus["title"][:64], world.corpus["text"][:64])]
     cm = ContextManager(tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     engines = {}
@@ -102,7 +124,7 @@ def main(argv=None) -> None:
     from rich.table import Table
 
     n = len(prompts)
-    table = Table(title=f"{args.model}: {n} episodes x {args.turns} turns, max_new_tokens {args.max_new_tokens}, "
+    table = Table(title=f"{args.model}, {args.data}: {n} episodes x {args.turns} turns, max_new_tokens {args.max_new_tokens}, "
                         f"{torch.get_num_threads()} threads (median of {args.repeats})")
     for col in ("mode", "prefill tokens / episode", "reused share", "s / episode", "s / turn (all episodes)"):
         table.add_column(col, justify="left" if col == "mode" else "right")

@@ -77,11 +77,15 @@ def parse_args(argv=None):
                         "ties, and ours skips the update of rows whose advantage is zero while TRL computes them); "
                         "em+tiebreak (default): plus 0.01 x the last turn's length in characters / 500 (at most 0.01), "
                         "so every row has an advantage and both sides train on every row")
+    p.add_argument("--warmup-sft", type=int, default=0, metavar="STEPS",
+                   help="first, STEPS SFT steps (8 demonstrations each) on oracle episodes of 1- and 2-hop questions "
+                        "of another world, rendered with this bench's template and tool schema; both sides start from "
+                        "that checkpoint, so the model calls the tool and episodes run several turns (0: off)")
     p.add_argument("--no-share-prefix", dest="share_prefix", action="store_false",
                    help="ours: run every row's prompt in the update (LearnerConfig.share_prefix off), as TRL does")
     p.add_argument("--sides", nargs="+", choices=["ours", "trl"], default=["ours", "trl"],
                    help="which sides to run, in this order")
-    p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)  # a child process runs one side
+    p.add_argument("--side", choices=["ours", "trl", "warmup"], help=argparse.SUPPRESS)  # a child process runs one side
     p.add_argument("--out", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -162,6 +166,35 @@ PROMPT_TOKENS = 320  # about the longest first prompt: the system turn with the 
 def max_context(model) -> int:
     """Ours: the context limit (prompt + every turn); TRL: this less PROMPT_TOKENS for the completion."""
     return min(2048, model.config.max_position_embeddings)
+
+
+# ------------------------------------------------------------------------------ the format warm-up
+def warmup_sft(args, folder: str) -> None:
+    """``--warmup-sft``: teach the model this bench's tool-call format (Agent-R1's SFT on oracle
+    demonstrations, rendered exactly as both sides render episodes); save it to ``folder``."""
+    from transformers.utils import get_json_schema
+
+    from agent_r1.context import ContextManager
+    from agent_r1.data.synthetic import WorldConfig, generate
+    from agent_r1.envs import MultiHopQAEnv
+    from agent_r1.learner import Learner, LearnerConfig
+    from agent_r1.run import tasks_for
+    from agent_r1.sft import demonstration, sft
+    from agent_r1.tools import SearchIndex, make_search_tool
+
+    model, tok, _tasks, _tool, search = setup(args)
+    world = generate(WorldConfig(seed=args.seed + 1, name_words=1, n_films=800, n_directors=260))  # not the bench's questions
+    tool = make_search_tool(SearchIndex(world.corpus), top_k=1)
+    env = MultiHopQAEnv(tool, max_turns=args.turns, max_context_tokens=max_context(model))
+    context = ContextManager(tok, tools=[get_json_schema(search)])
+    tasks = tasks_for(world.questions, [1, 2], 4 * args.warmup_sft, args.seed)
+    demos = [d for t in tasks if (d := demonstration(env, t, context)) is not None]
+    learner = Learner(model, LearnerConfig(lr=5e-5), precision="fp32")
+    epochs = args.warmup_sft * 8 / len(demos)
+    hist = sft(learner, demos, tok.pad_token_id, epochs, batch_size=8, lr=5e-5, warmup_steps=2, seed=args.seed)
+    learner.save(folder, tok)
+    print(f"warm-up SFT: {len(hist)} steps on {len(demos)} demonstrations, loss {hist[0]['sft_loss']:.3f} -> "
+          f"{hist[-1]['sft_loss']:.3f}", flush=True)
 
 
 # ------------------------------------------------------------------------------ ours
@@ -281,6 +314,8 @@ def child(args) -> None:
 
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if args.side == "warmup":
+        return warmup_sft(args, args.out)
     res = (run_ours if args.side == "ours" else run_trl)(args)
     res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     Path(args.out).write_text(json.dumps(res))
@@ -309,10 +344,17 @@ def main(argv=None) -> None:
           f"max_new_tokens {args.max_new_tokens} per turn; <= {args.turns} turns; lr {args.lr}; fp32; "
           f"{args.steps} timed steps after 1 warm-up; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
           flush=True)
+    argv = list(argv if argv is not None else sys.argv[1:])
+    warm = tempfile.TemporaryDirectory()
+    if args.warmup_sft:  # in a child process too: DeepSpeed's environment would make TRL's accelerate go distributed
+        proc = subprocess.run([sys.executable, __file__, *argv, "--side", "warmup", "--out", warm.name])
+        if proc.returncode != 0:
+            sys.exit("the warm-up SFT failed")
+        argv += ["--model", warm.name, "--warmup-sft", "0"]  # the last occurrence wins
     results = {}
     for side in args.sides:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--side", side, "--out", f.name]
+            cmd = [sys.executable, __file__, *argv, "--side", side, "--out", f.name]
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

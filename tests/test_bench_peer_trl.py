@@ -46,3 +46,16 @@ def test_ours_side_runs_one_step_on_the_tiny_model():
     assert step["gen_tokens"] > 0 and step["train_tokens"] > 0  # the tie-breaker gives every row an advantage
     assert step["rollout_s"] > 0 and step["update_s"] > 0
     assert 1 <= step["turns"] <= 2
+
+
+@pytest.mark.slow
+def test_warmup_sft_writes_the_checkpoint_both_sides_start_from(tmp_path):
+    pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+
+    bench = _load()
+    args = Namespace(model="tiny", warmup_sft=1, turns=3, seed=0, steps=1, questions=1)
+    bench.warmup_sft(args, str(tmp_path))
+    assert bench.parse_args(["--model", str(tmp_path)]).model == str(tmp_path)  # what the sides are given
+    template = AutoTokenizer.from_pretrained(tmp_path).chat_template
+    assert template == bench.chat_template()  # trained under the template both sides render with
