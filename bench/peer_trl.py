@@ -191,7 +191,8 @@ def warmup_sft(args, folder: str) -> None:
     demos = [d for t in tasks if (d := demonstration(env, t, context)) is not None]
     learner = Learner(model, LearnerConfig(lr=5e-5), precision="fp32")
     epochs = args.warmup_sft * 8 / len(demos)
-    hist = sft(learner, demos, tok.pad_token_id, epochs, batch_size=8, lr=5e-5, warmup_steps=2, seed=args.seed)
+    hist = sft(learner, demos, tok.pad_token_id, epochs, batch_size=8, lr=5e-5, warmup_steps=2, seed=args.seed,
+               on_step=lambda step, total, m: print(f"warm-up SFT step {step}/{total} loss {m['sft_loss']:.3f}", flush=True))
     learner.save(folder, tok)
     print(f"warm-up SFT: {len(hist)} steps on {len(demos)} demonstrations, loss {hist[0]['sft_loss']:.3f} -> "
           f"{hist[-1]['sft_loss']:.3f}", flush=True)
