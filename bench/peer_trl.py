@@ -333,8 +333,8 @@ def summarize(res: dict) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.steps < 1 or args.turns < 1:
-        sys.exit("--steps and --turns must be at least 1")
+    if args.steps < 1 or args.turns < 1 or args.warmup_sft < 0:
+        sys.exit("--steps and --turns must be at least 1, --warmup-sft at least 0")
     if args.side:
         return child(args)
     if not have_trl():
