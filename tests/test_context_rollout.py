@@ -389,3 +389,25 @@ def test_tiny_chat_template_puts_the_system_text_and_each_tool_on_its_own_line(t
     system = tok.apply_chat_template(msgs[1:], tools=tools, tokenize=False).split("<|im_end|>")[0]
     assert system == "<|im_start|>system\nTools:\n" + "\n".join(schema)
     assert tok.apply_chat_template(msgs, tokenize=False).startswith("<|im_start|>system\nSYS<|im_end|>\n")
+
+
+def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_and_reorder(make_model):
+    from transformers import DynamicCache
+
+    from agent_r1.rollout.engine import _growing_cache, _GrowingLayer
+
+    model = make_model(std=0.3).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 200, (3, 20), generator=g)
+    steps = torch.randint(5, 200, (3, _GrowingLayer.SPARE + 10), generator=g)  # past one buffer growth
+    out = {}
+    with torch.no_grad():
+        for name, cache in (("dynamic", DynamicCache()), ("growing", _growing_cache())):
+            logits = [model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
+            for t in range(steps.shape[1]):
+                if t == 5:
+                    cache.reorder_cache(torch.tensor([2, 0, 0]))  # rows replaced from outside, as a group expands
+                logits.append(model(input_ids=steps[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+            out[name] = (torch.stack(logits), type(cache.layers[0]))
+    assert out["growing"][1] is _GrowingLayer and out["dynamic"][1] is not _GrowingLayer
+    torch.testing.assert_close(out["growing"][0], out["dynamic"][0], rtol=0, atol=1e-5)

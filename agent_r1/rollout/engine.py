@@ -14,12 +14,52 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agent_r1.models import autocast
 
 # transformers 5.24 renames the forward's ``past_key_values`` to ``cache``; older 5.x (5.17 on
 # the GPU machine) knows only the first, so it is kept, without a warning per call
 warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+
+
+class _GrowingLayer(DynamicLayer):
+    """A cache layer whose keys and values are views of buffers with spare columns: a decode step
+    writes its column in place instead of ``torch.cat``-copying the whole cache (which took 172
+    of a 429 ms decode step at 500 cached columns, batch 32, SmolLM2, one CPU thread). Keys and
+    values replaced from outside (``reorder_cache``) are copied into fresh buffers."""
+
+    SPARE = 64  # columns added when a buffer is full
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if getattr(self, "_view", None) is not self.keys:  # first call, or keys replaced from outside
+            self._grow(self.keys if self.keys.numel() else None, self.values, key_states)
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        if n + m > self._k.shape[-2]:
+            self._grow(self.keys, self.values, key_states)
+        self._k[:, :, n:n + m] = key_states
+        self._v[:, :, n:n + m] = value_states
+        self.keys, self.values = self._k[:, :, : n + m], self._v[:, :, : n + m]
+        self._view = self.keys
+        return self.keys, self.values
+
+    def _grow(self, keys, values, new):
+        n = keys.shape[-2] if keys is not None else 0
+        B, H, _, D = new.shape
+        self._k = new.new_empty((B, H, n + new.shape[-2] + self.SPARE, D))
+        self._v = torch.empty_like(self._k)
+        if n:
+            self._k[:, :, :n], self._v[:, :, :n] = keys, values
+        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+        self._view = self.keys
+
+
+def _growing_cache() -> DynamicCache:
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _GrowingLayer
+    return cache
 
 
 @dataclass
@@ -164,7 +204,7 @@ class HFEngine(RolloutEngine):
         for r, c in enumerate(u_ctx):
             ids[r, T - len(c):] = torch.tensor(c)
             mask[r, T - len(c):] = 1
-        cache = self._cache(u_ctx, u_pre, P, T, device) if P > 0 else DynamicCache()
+        cache = self._cache(u_ctx, u_pre, P, T, device) if P > 0 else _growing_cache()
         pos = (mask.cumsum(1) - 1).clamp(min=0)
         with autocast(self.precision, device):
             logits = self.model(input_ids=ids[:, P:].to(device), attention_mask=mask.to(device),
@@ -206,7 +246,7 @@ class HFEngine(RolloutEngine):
         """A cache of P columns: each row's first ``len(ctx) - N`` tokens (from its kept prefix),
         right-aligned, zeros where the row is padded."""
         first = next(p for p in prefixes if p is not None)
-        cache = DynamicCache()
+        cache = _growing_cache()
         for layer, (k0, v0) in enumerate(first.kv):
             H, D = k0.shape[0], k0.shape[2]
             keys = torch.zeros((len(contexts), H, P, D), dtype=k0.dtype, device=device)
