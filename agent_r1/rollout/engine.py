@@ -32,10 +32,11 @@ class _GrowingLayer(DynamicLayer):
     SPARE = 64  # columns added when a buffer is full
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if getattr(self, "_view", None) is not self.keys:  # first call, or keys replaced from outside
-            self._grow(self.keys if self.keys.numel() else None, self.values, key_states)
+        if not self.is_initialized:  # (lazy_initialization's signature differs across transformers 5.x)
+            self.is_initialized, self.device, self.dtype = True, key_states.device, key_states.dtype
+            self.keys = self.values = self._view = None
+        if self.keys is None or self._view is not self.keys:  # first call, or keys replaced from outside
+            self._grow(self.keys, self.values, key_states)
         n, m = self.keys.shape[-2], key_states.shape[-2]
         if n + m > self._k.shape[-2]:
             self._grow(self.keys, self.values, key_states)
