@@ -35,11 +35,10 @@ class _GrowingLayer(DynamicLayer):
         if not self.is_initialized:  # (lazy_initialization's signature differs across transformers 5.x)
             self.is_initialized, self.device, self.dtype = True, key_states.device, key_states.dtype
             self.keys = self.values = self._view = None
-        if self.keys is None or self._view is not self.keys:  # first call, or keys replaced from outside
+        # first call, keys replaced from outside, or no room left
+        if self.keys is None or self._view is not self.keys or self.keys.shape[-2] + key_states.shape[-2] > self._k.shape[-2]:
             self._grow(self.keys, self.values, key_states)
         n, m = self.keys.shape[-2], key_states.shape[-2]
-        if n + m > self._k.shape[-2]:
-            self._grow(self.keys, self.values, key_states)
         self._k[:, :, n:n + m] = key_states
         self._v[:, :, n:n + m] = value_states
         self.keys, self.values = self._k[:, :, : n + m], self._v[:, :, : n + m]
