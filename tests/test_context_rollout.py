@@ -141,6 +141,22 @@ def test_hf_engine_sampling_logprobs_are_the_tempered_distribution(tok, make_mod
             assert torch.allclose(torch.tensor(gen.logprobs), tf, atol=1e-4), temp
 
 
+def test_sample_draws_tokens_with_the_tempered_nucleus_probabilities():
+    from agent_r1.rollout.engine import sample
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]).repeat(40_000, 1)
+    torch.manual_seed(0)
+    for params, kept in ((SamplingParams(temperature=0.5), 6), (SamplingParams(temperature=1.0, top_p=0.8), 3)):
+        ids, lp = sample(logits, params)
+        probs = torch.softmax(logits[0] / params.temperature, -1)
+        probs[kept:] = 0  # top-p 0.8 keeps the 3 likeliest tokens (0.61 + 0.22 + 0.14 >= 0.8)
+        probs /= probs.sum()
+        freq = torch.bincount(ids, minlength=6) / len(ids)
+        assert torch.allclose(freq, probs, atol=0.01), (params, freq, probs)  # 40k draws: 3 sigma < 0.008
+        assert torch.allclose(lp, probs.log()[ids], atol=1e-5)
+        assert freq[kept:].sum() == 0
+
+
 class RecordingEngine(HFEngine):
     """HFEngine that records how many contexts each call got."""
 
@@ -411,3 +427,42 @@ def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_and_reorder
             out[name] = (torch.stack(logits), type(cache.layers[0]))
     assert out["growing"][1] is _GrowingLayer and out["dynamic"][1] is not _GrowingLayer
     torch.testing.assert_close(out["growing"][0], out["dynamic"][0], rtol=0, atol=1e-5)
+
+
+def test_prefill_groups_cut_sorted_rows_where_padding_costs_more_than_a_forward_pass():
+    from agent_r1.rollout.engine import _prefill_groups
+
+    groups = _prefill_groups([5, 300, 6, 310, 4, 7], overhead=64)
+    assert sorted(sorted(g) for g in groups) == [[0, 2, 4, 5], [1, 3]]
+    assert _prefill_groups([5, 300, 6], overhead=10_000) == [[0, 1, 2]]  # one group keeps the order
+    assert sorted(map(sorted, _prefill_groups([9, 3, 9], overhead=0))) == [[0, 2], [1]]
+
+
+def test_rows_of_very_different_lengths_are_prefilled_apart_and_decode_as_one_at_a_time(tok, make_model):
+    """Short and long contexts (a group's shared prompt among them) go through separate prefill
+    passes, then one decode cache; a second call reuses their kept caches, again in groups. Every
+    context gets the ids and log-probs it gets alone."""
+    model = make_model(seed=3, std=0.3)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tok.eos_token_id] *= 2
+    long = tok.encode(" ".join(["the museum of the city by the river"] * 12))
+    short = tok.encode("Paris")
+    contexts = [short, long, short, tok.encode("a query"), long[:-3]]  # contexts 0 and 2 are one prompt
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    prefills = []
+    model.register_forward_hook(lambda m, args, kw, out: prefills.append(kw["input_ids"].shape) if kw["input_ids"].shape[1] > 1 else None,
+                                with_kwargs=True)
+    engine = HFEngine(model, tok)
+    gens = engine.generate(contexts, params)
+    assert sorted(tuple(s) for s in prefills) == [(2, 3), (2, len(long))]  # short and long apart, the shared prompt once
+    alone = [HFEngine(model, tok).generate([c], params)[0] for c in contexts]
+    obs = [tok.encode(" ok" * k) for k in (1, 40, 2, 45, 1)]  # new tokens: short, long, short, long, short
+    later = [c + g.ids + o for c, g, o in zip(contexts, gens, obs)]
+    prefills.clear()
+    before = engine.stats()["prefill_tokens"]
+    later_gens = engine.generate(later, params)
+    assert len(prefills) == 2  # the kept caches: only the last sampled id and the observation are prefilled
+    assert engine.stats()["prefill_tokens"] - before == sum(len(o) + 1 for o in obs)
+    for g, a, c in zip(gens + later_gens, alone + [HFEngine(model, tok).generate([x], params)[0] for x in later], contexts + later):
+        assert g.ids == a.ids, c
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)
