@@ -103,9 +103,13 @@ def test_hf_engine_batched_greedy_equals_sequential_and_logprobs_match_teacher_f
     engine = HFEngine(model, tok)
     contexts = _contexts(tok)
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    decode_rows = []
+    model.register_forward_hook(lambda m, a, kw, out: decode_rows.append(len(kw["input_ids"])) if kw["input_ids"].shape[1] == 1 else None,
+                                with_kwargs=True)
     gens = engine.generate(contexts, params)
-    # the batch mixes turns that end early (rows go on being padded) and turns cut at 8 tokens
+    # the batch mixes turns that end early (once half have ended, they leave the batch) and turns cut at 8 tokens
     assert {g.finished for g in gens} == {True, False}
+    assert decode_rows[0] == len(contexts) and decode_rows[-1] < len(contexts) // 2 + 1
     assert len({len(g.ids) for g in gens}) >= 2
     model.eval()
     for ctx, gen in zip(contexts, gens):
@@ -407,7 +411,7 @@ def test_tiny_chat_template_puts_the_system_text_and_each_tool_on_its_own_line(t
     assert tok.apply_chat_template(msgs, tokenize=False).startswith("<|im_start|>system\nSYS<|im_end|>\n")
 
 
-def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_and_reorder(make_model):
+def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_reorder_and_crop(make_model):
     from transformers import DynamicCache
 
     from agent_r1.rollout.engine import _growing_cache, _GrowingLayer
@@ -422,7 +426,9 @@ def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_and_reorder
             logits = [model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
             for t in range(steps.shape[1]):
                 if t == 5:
-                    cache.reorder_cache(torch.tensor([2, 0, 0]))  # rows replaced from outside, as a group expands
+                    cache.reorder_cache(torch.tensor([2, 0, 0]))  # rows selected, as a group expands
+                if t == 8:
+                    cache.crop(-2)  # keys and values replaced from outside
                 logits.append(model(input_ids=steps[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
             out[name] = (torch.stack(logits), type(cache.layers[0]))
     assert out["growing"][1] is _GrowingLayer and out["dynamic"][1] is not _GrowingLayer
