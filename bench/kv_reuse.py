@@ -5,6 +5,7 @@ every turn (reuse_kv=False), side by side, same seed.
     python bench/kv_reuse.py --model tiny                       # the tiny from-scratch model
     python bench/kv_reuse.py --episodes 32 --turns 3 --repeats 2
     python bench/kv_reuse.py --data hotpotqa                   # real HotpotQA questions and search results
+    python bench/kv_reuse.py --run outputs/default             # the pipeline's own RL rollout from its SFT agent
 
 The workload is what the full-history context manager builds: each episode starts from a real
 question of the synthetic world under the default system prompt; after each sampled turn a search
@@ -15,6 +16,11 @@ environment's 1,200 characters, as the ``hotpotqa`` pipeline sees them); ``--tur
 agent loop would give it. Both modes sample with the same seed: the script checks that they
 sampled the same ids. It prints prefill tokens per episode, wall time per episode, and the
 ratios, measured back to back (the order alternates between repeats; medians are reported).
+
+``--run OUT`` measures the RL stage's rollout itself instead: the pipeline's (``--pipeline``)
+environment, tools, prompt, group size, questions per iteration, sampling and turn limits, from
+the SFT agent in ``OUT/checkpoints/sft`` over ``OUT/data`` (a finished ``agent-r1 train`` run);
+each repeat draws the iteration's questions as the trainer does.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run", metavar="OUT", help="measure the RL stage's rollout from OUT/checkpoints/sft over OUT/data")
+    p.add_argument("--pipeline", default="default", help="with --run: the pipeline whose env and rl settings to use")
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
                    help="compute precision(s) of the engine (bf16 autocast); each adds a reuse and a full-prefill row")
     return p.parse_args(argv)
@@ -93,10 +101,41 @@ def episodes(engine, cm, prompts, docs, turns, params, seed) -> tuple[float, lis
     return time.perf_counter() - t0, sampled
 
 
+def pipeline_rollout(args):
+    """The RL stage's rollout (``rl_driver.rollout``) from a run's SFT agent: one runner per mode."""
+    from agent_r1.config import load_config
+    from agent_r1.data.synthetic import load_split
+    from agent_r1.models import load_model
+    from agent_r1.pipeline.rl_driver import rollout
+    from agent_r1.run import Agent, make_tools, tasks_for
+
+    out = Path(args.run)
+    cfg = load_config(args.pipeline, overrides={"output_dir": str(out)})
+    model, tok = load_model(str(out / "checkpoints" / "sft"))
+    model.eval()
+    agent = Agent(model, tok, make_tools(cfg, out / "data"), cfg)
+    tasks = tasks_for(load_split(out / "data", "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+    cm = agent.context()
+
+    def run(engine, seed):
+        pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed))[: cfg.rl.tasks_per_iteration]
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        trajs = rollout(engine, agent.make_env, [tasks[i] for i in pick], cm, cfg.rl, cfg.env.max_new_tokens,
+                        cfg.env.max_context_tokens)
+        return time.perf_counter() - t0, trajs
+
+    title = (f"{out / 'checkpoints' / 'sft'}: the {args.pipeline!r} pipeline's RL rollout, {cfg.rl.tasks_per_iteration} "
+             f"questions x group {cfg.rl.group_size}, max_new_tokens {cfg.env.max_new_tokens}, ≤ {cfg.env.max_turns} turns")
+    return model, tok, run, title
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.run:
+        return main_run(args)
     world = generate(WorldConfig(seed=args.seed, name_words=1, n_films=800, n_directors=260))
     model, tok = load(args.model, world)
     model.eval()
@@ -140,6 +179,37 @@ def main(argv=None) -> None:
         print(f"same sampled ids with and without reuse{f' ({tag})' if tag else ''}: {same}")
         print(f"ratio_prefill_tokens_full_over_reuse{suffix}: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
         print(f"ratio_wall_full_over_reuse{suffix}: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
+
+
+def main_run(args) -> None:
+    model, tok, run, title = pipeline_rollout(args)
+    engines = {"reuse": HFEngine(model, tok, reuse_kv=True), "full prefill": HFEngine(model, tok, reuse_kv=False)}
+    times, stats, ids, shape = {k: [] for k in engines}, {}, {}, {}
+    for r in range(args.repeats):
+        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            dt, trajs = run(engines[name], args.seed + r)
+            times[name].append(dt)
+            stats[name] = engines[name].stats()
+            ids[(name, r)] = [[s.action_ids for s in t.steps] for t in trajs]
+            turns = [len(t.steps) for t in trajs]
+            shape[name] = (len(trajs), sum(turns) / len(turns), sum(len(a) for e in ids[(name, r)] for a in e) / sum(turns))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{title}, {torch.get_num_threads()} threads (median of {args.repeats})")
+    for col in ("mode", "episodes", "turns / episode", "sampled tokens / turn", "prefill tokens / episode (last repeat)",
+                "reused share", "s / rollout"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for name in engines:
+        n, turns, per_turn = shape[name]
+        table.add_row(name, str(n), f"{turns:.2f}", f"{per_turn:.1f}", f"{stats[name]['prefill_tokens'] / n:.0f}",
+                      f"{stats[name]['prefill_reused_share']:.2f}", f"{statistics.median(times[name]):.1f}")
+    Console(width=160).print(table)
+    a, b = "reuse", "full prefill"
+    print(f"same sampled ids with and without reuse: {all(ids[(a, r)] == ids[(b, r)] for r in range(args.repeats))}")
+    print(f"ratio_prefill_tokens_full_over_reuse: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
+    print(f"ratio_wall_full_over_reuse: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
 
 
 if __name__ == "__main__":

@@ -174,7 +174,10 @@ class HFEngine(RolloutEngine):
 
     Contexts go in batches of up to ``max_batch_size``. A batch is laid out right-aligned: each
     row's kept prefix sits in the cache, the tokens after it are the input, and the shorter rows
-    are left-padded (masked, with positions counted from each row's first real token).
+    are left-padded (masked, with positions counted from each row's first real token). The
+    prefill runs in groups of rows with similar numbers of new tokens, each padded only to its own
+    longest; the decode steps then run on one cache of the whole batch, from which rows whose turn
+    has ended leave once they are half of it.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, max_batch_size: int = 64, precision: str = "auto",
