@@ -332,10 +332,10 @@ class HFEngine(RolloutEngine):
         unique row ``index[i]``, right-aligned in T columns (zeros where padded), with ``room`` more."""
         where = {r: (p, j) for p, (g, *_) in enumerate(parts) for j, r in enumerate(g)}
         logits = torch.stack([parts[where[r][0]][3][where[r][1]] for r in index])
-        moves = []  # per part: (its Tg, destination rows, source rows)
+        moves, device = [], logits.device  # per part: (its Tg, destination rows, source rows)
         for p, (g, Tg, *_) in enumerate(parts):
             dst = [i for i, r in enumerate(index) if where[r][0] == p]
-            moves.append((Tg, torch.tensor(dst), torch.tensor([where[index[i]][1] for i in dst])))
+            moves.append((Tg, torch.tensor(dst, device=device), torch.tensor([where[index[i]][1] for i in dst], device=device)))
         layers = []
         for li, l0 in enumerate(parts[0][2].layers):
             B, (_, H, _, D) = len(index), l0.keys.shape
