@@ -130,6 +130,31 @@ def pipeline_rollout(args):
     return model, tok, run, title
 
 
+def measure(engines: dict, run, repeats: int, seed: int) -> tuple[dict, dict, dict]:
+    """``run(engine, seed) -> (seconds, result)`` for every engine, ``repeats`` times, the order
+    alternating between repeats: the times per engine, each engine's last stats, the results
+    by (engine, repeat)."""
+    times, stats, results = {k: [] for k in engines}, {}, {}
+    for r in range(repeats):
+        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            dt, results[(name, r)] = run(engines[name], seed + r)
+            times[name].append(dt)
+            stats[name] = engines[name].stats()
+    return times, stats, results
+
+
+def print_ratios(engines: dict, ids: dict, stats: dict, times: dict, repeats: int) -> None:
+    """For each reuse engine and its full-prefill twin: same ids?, and the two ratios."""
+    for a in (name for name in engines if name.startswith("reuse")):
+        b = a.replace("reuse", "full prefill")
+        tag = a.removeprefix("reuse").removeprefix(", ")
+        suffix = f"_{tag}" if tag else ""
+        same = all(ids[(a, r)] == ids[(b, r)] for r in range(repeats))
+        print(f"same sampled ids with and without reuse{f' ({tag})' if tag else ''}: {same}")
+        print(f"ratio_prefill_tokens_full_over_reuse{suffix}: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
+        print(f"ratio_wall_full_over_reuse{suffix}: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -150,14 +175,8 @@ def main(argv=None) -> None:
         engines[f"full prefill{tag}"] = HFEngine(model, tok, reuse_kv=False, precision=prec)
     for eng in engines.values():
         episodes(eng, cm, prompts[:2], docs, 2, params, args.seed)  # warm-up
-    times = {k: [] for k in engines}
-    stats, ids = {}, {}
-    for r in range(args.repeats):
-        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-            dt, sampled = episodes(engines[name], cm, prompts, docs, args.turns, params, args.seed + r)
-            times[name].append(dt)
-            stats[name], ids[(name, r)] = engines[name].stats(), sampled
-    pairs = [(name, name.replace("reuse", "full prefill")) for name in engines if name.startswith("reuse")]
+    times, stats, ids = measure(engines, lambda eng, seed: episodes(eng, cm, prompts, docs, args.turns, params, seed),
+                                args.repeats, args.seed)
 
     from rich.console import Console
     from rich.table import Table
@@ -172,27 +191,14 @@ def main(argv=None) -> None:
         table.add_row(name, f"{stats[name]['prefill_tokens'] / n:.0f}", f"{stats[name]['prefill_reused_share']:.2f}",
                       f"{t / n:.3f}", f"{t / args.turns:.1f}")
     Console(width=140).print(table)
-    for a, b in pairs:
-        tag = a.removeprefix("reuse").removeprefix(", ")
-        suffix = f"_{tag}" if tag else ""
-        same = all(ids[(a, r)] == ids[(b, r)] for r in range(args.repeats))
-        print(f"same sampled ids with and without reuse{f' ({tag})' if tag else ''}: {same}")
-        print(f"ratio_prefill_tokens_full_over_reuse{suffix}: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
-        print(f"ratio_wall_full_over_reuse{suffix}: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
+    print_ratios(engines, ids, stats, times, args.repeats)
 
 
 def main_run(args) -> None:
     model, tok, run, title = pipeline_rollout(args)
     engines = {"reuse": HFEngine(model, tok, reuse_kv=True), "full prefill": HFEngine(model, tok, reuse_kv=False)}
-    times, stats, ids, shape = {k: [] for k in engines}, {}, {}, {}
-    for r in range(args.repeats):
-        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-            dt, trajs = run(engines[name], args.seed + r)
-            times[name].append(dt)
-            stats[name] = engines[name].stats()
-            ids[(name, r)] = [[s.action_ids for s in t.steps] for t in trajs]
-            turns = [len(t.steps) for t in trajs]
-            shape[name] = (len(trajs), sum(turns) / len(turns), sum(len(a) for e in ids[(name, r)] for a in e) / sum(turns))
+    times, stats, trajs = measure(engines, run, args.repeats, args.seed)
+    ids = {key: [[s.action_ids for s in t.steps] for t in ts] for key, ts in trajs.items()}
 
     from rich.console import Console
     from rich.table import Table
@@ -202,14 +208,13 @@ def main_run(args) -> None:
                 "reused share", "s / rollout"):
         table.add_column(col, justify="left" if col == "mode" else "right")
     for name in engines:
-        n, turns, per_turn = shape[name]
-        table.add_row(name, str(n), f"{turns:.2f}", f"{per_turn:.1f}", f"{stats[name]['prefill_tokens'] / n:.0f}",
-                      f"{stats[name]['prefill_reused_share']:.2f}", f"{statistics.median(times[name]):.1f}")
+        turns = [len(t) for t in ids[(name, args.repeats - 1)]]
+        n, sampled = len(turns), sum(len(a) for t in ids[(name, args.repeats - 1)] for a in t)
+        table.add_row(name, str(n), f"{sum(turns) / n:.2f}", f"{sampled / sum(turns):.1f}",
+                      f"{stats[name]['prefill_tokens'] / n:.0f}", f"{stats[name]['prefill_reused_share']:.2f}",
+                      f"{statistics.median(times[name]):.1f}")
     Console(width=160).print(table)
-    a, b = "reuse", "full prefill"
-    print(f"same sampled ids with and without reuse: {all(ids[(a, r)] == ids[(b, r)] for r in range(args.repeats))}")
-    print(f"ratio_prefill_tokens_full_over_reuse: {stats[b]['prefill_tokens'] / stats[a]['prefill_tokens']:.2f}")
-    print(f"ratio_wall_full_over_reuse: {statistics.median(times[b]) / statistics.median(times[a]):.2f}")
+    print_ratios(engines, ids, stats, times, args.repeats)
 
 
 if __name__ == "__main__":
