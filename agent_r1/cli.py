@@ -305,6 +305,23 @@ def table(
     sys.stdout.write(comparison_markdown(json.loads(path.read_text()), in_domain, out_domain))
 
 
+@app.command()
+def seeds(
+    runs: list[Path] = typer.Argument(..., help="output folders of runs that differ only in their seed"),
+    rl: str = typer.Option("grpo", help="the RL method whose lift over SFT is reported"),
+    wall_s: float = typer.Option(None, help="the runs' wall time, for the last line"),
+    name: str = typer.Option(None, help="the last line's name (default <rl>_lift)"),
+):
+    """Held-out EM of several seeds' runs (mean ± sd per hop count) and RL's lift over its SFT start."""
+    from agent_r1.evaluate import seed_report
+
+    paths = [r / "metrics" / "eval.json" for r in runs]
+    if missing := [str(p) for p in paths if not p.exists()]:
+        _error(f"no eval.json in: {', '.join(missing)} (run the pipeline first)")
+        raise typer.Exit(1)
+    sys.stdout.write(seed_report([json.loads(p.read_text()) for p in paths], rl=rl, wall_s=wall_s, name=name))
+
+
 @app.command("mlflow-ui")
 def mlflow_ui(port: int = typer.Option(5000, help="port on 127.0.0.1")):
     """Open the MLflow UI on this project's tracking store (127.0.0.1 only)."""

@@ -58,7 +58,8 @@ class ModelConfig(_Strict):
     from `model.tiny`, its tokenizer trained on the task's text."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Compute precision of every forward pass under autocast (weights and optimizer state stay fp32); auto:
-    bf16 only where the hardware computes it natively."""
+    bf16 on a GPU that supports it, fp32 on CPUs (bf16 measured slower there, even with AVX512-BF16). A run
+    records what it computed in (metrics/model.json, MLflow param `precision_computed`)."""
     tiny: TinyModelConfig = TinyModelConfig()
     """Shape of the tiny model built from scratch when `name_or_path` is null."""
     seed: int = 0

@@ -77,3 +77,36 @@ def comparison_markdown(results: dict, in_domain: str, out_domain: str) -> str:
         rows.append(f"| {m} | {a['em']:.3f} | {a['f1']:.3f} | {b.get('em', float('nan')):.3f} | {b.get('f1', float('nan')):.3f} "
                     f"| {mean:.3f} | {a['tool_calls']:.2f} | {1 - a['format_error_rate']:.3f} |")
     return "\n".join(rows) + "\n"
+
+
+def seed_report(results: list[dict], split: str = "test", rl: str = "grpo", wall_s: float | None = None,
+                name: str | None = None) -> str:
+    """Several seeds' eval.json (with ``sft``, ``rl`` and ``sft_control``): a markdown table of
+    held-out EM per hop count (mean ± sd over the seeds), the goal checks, and a last line
+    ``<name>: +X.XX ± Y.YY (control +Z.ZZ, N seeds, W s)`` (all hops, RL minus its SFT start;
+    ``name`` defaults to ``<rl>_lift``)."""
+    import statistics
+
+    def stats(values: list[float]) -> tuple[float, float]:
+        return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+    splits = [split] + sorted(k for k in results[0] if k.startswith(f"{split}_") and k.endswith("hop"))
+    methods = [m for m in METHOD_ORDER if all(m in r.get(split, {}) for r in results)]
+    for need in ("sft", rl):
+        if need not in methods:
+            raise ValueError(f"eval.json of every seed needs method {need!r} in split {split!r}; found {methods}")
+    rows = ["| split | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for s in splits:
+        cells = [stats([r[s][m]["em"] for r in results]) for m in methods]
+        rows.append(f"| {s} | " + " | ".join(f"{mu:.3f} ± {sd:.3f}" for mu, sd in cells) + " |")
+    lift = stats([r[split][rl]["em"] - r[split]["sft"]["em"] for r in results])
+    control = (stats([r[split]["sft_control"]["em"] - r[split]["sft"]["em"] for r in results])
+               if "sft_control" in methods else None)
+    worst = min(statistics.fmean(r[s][rl]["em"] - r[s]["sft"]["em"] for r in results) for s in splits[1:] or splits)
+    checks = [f"lift >= +0.20: {'yes' if lift[0] >= 0.2 else 'no'}",
+              f"above the control: {'yes' if control and lift[0] > control[0] else 'no'}",
+              f"no hop count below SFT by more than 0.05: {'yes' if worst >= -0.05 else 'no'} (worst {worst:+.2f})"]
+    last = f"{name or rl + '_lift'}: {lift[0]:+.2f} ± {lift[1]:.2f} (" + \
+        (f"control {control[0]:+.2f}" if control else "no control")
+    last += f", {len(results)} seeds" + (f", {wall_s:.0f} s)" if wall_s is not None else ")")
+    return "\n".join(rows) + "\n\ngoal: " + "; ".join(checks) + "\n" + last + "\n"

@@ -127,7 +127,8 @@ class Agent:
         return make_env_factory(self.cfg.env, self.tools, self.env_cls)()
 
     def context(self):
-        tools = [t.schema for t in self.tools] if self.cfg.env.tools_in_prompt else None
+        shown = self.cfg.env.tools_in_prompt and getattr(self.env_cls, "TOOLS_IN_PROMPT", True)
+        tools = [t.schema for t in self.tools] if shown else None
         kw = {"window": self.cfg.env.window} if self.cfg.env.context == "sliding_window" else {}
         return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw)
 

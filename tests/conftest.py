@@ -91,7 +91,7 @@ def frozen_learner(make_model):
     """A stage-0 Learner that is NEVER updated: for log-probs and annotation only."""
     from agent_r1.learner import Learner, LearnerConfig
 
-    return Learner(make_model(seed=1, std=0.3), LearnerConfig(zero_stage=0))
+    return Learner(make_model(seed=1, std=0.3), LearnerConfig(zero_stage=0), precision="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -107,10 +107,10 @@ class _Planted:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_a_resumable_state_is_read_weights_only(stage, make_model, tmp_path):
-    learner = Learner(make_model(seed=2), LearnerConfig(zero_stage=stage))
+    learner = Learner(make_model(seed=2), LearnerConfig(zero_stage=stage), precision="fp32")
     client = {"step": 3, "history": [{"loss": 1.5}], "rng": torch.get_rng_state()}
     learner.save_state(tmp_path / "state", client)
-    restored = Learner(make_model(seed=9), LearnerConfig(zero_stage=stage)).load_state(tmp_path / "state")
+    restored = Learner(make_model(seed=9), LearnerConfig(zero_stage=stage), precision="fp32").load_state(tmp_path / "state")
     assert restored["step"] == 3 and restored["history"] == [{"loss": 1.5}]
     assert torch.equal(restored["rng"], client["rng"])
 
@@ -119,5 +119,5 @@ def test_a_resumable_state_is_read_weights_only(stage, make_model, tmp_path):
     (model_file,) = (tmp_path / "state" / "policy").glob("*model_states.pt")
     torch.save({"module": _Planted()}, model_file)
     with pytest.raises(Exception, match="Weights only load failed"):
-        Learner(make_model(seed=9), LearnerConfig(zero_stage=stage)).load_state(tmp_path / "state")
+        Learner(make_model(seed=9), LearnerConfig(zero_stage=stage), precision="fp32").load_state(tmp_path / "state")
     assert not (tmp_path / "pwned").exists()

@@ -100,7 +100,7 @@ def test_hf_engine_batched_greedy_equals_sequential_and_logprobs_match_teacher_f
     model = make_model(seed=3, std=0.3)
     with torch.no_grad():  # make the end-of-turn token likely enough that some turns end early
         model.model.embed_tokens.weight[tok.eos_token_id] *= 2
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, precision="fp32")
     contexts = _contexts(tok)
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     decode_rows = []
@@ -127,13 +127,13 @@ def test_hf_engine_batched_greedy_equals_sequential_and_logprobs_match_teacher_f
         tf = token_logprobs(model, full, torch.ones_like(full))[0, len(ctx) :]
         assert torch.allclose(torch.tensor(gen.logprobs), tf, atol=1e-4)
     # small batches give the same result as one batch
-    small = HFEngine(model, tok, max_batch_size=3).generate(contexts, params)
+    small = HFEngine(model, tok, max_batch_size=3, precision="fp32").generate(contexts, params)
     assert [g.ids for g in small] == [g.ids for g in gens]
 
 
 def test_hf_engine_sampling_logprobs_are_the_tempered_distribution(tok, make_model):
     model = make_model(seed=3, std=0.3)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, precision="fp32")
     contexts = _contexts(tok)
     for temp in (1.0, 0.5):
         torch.manual_seed(0)
@@ -333,7 +333,7 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
 
 
 def _episodes(tok, model, cm, tasks, reuse: bool, max_new_tokens=4, seed=0):
-    engine = HFEngine(model, tok, reuse_kv=reuse)
+    engine = HFEngine(model, tok, reuse_kv=reuse, precision="fp32")
     torch.manual_seed(seed)
     trajs = run_episodes(engine, TurnsEnv, tasks, cm, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens))
     return trajs, engine.stats()
@@ -388,7 +388,7 @@ def test_kv_reuse_falls_back_to_a_full_prefill_after_a_context_rewrite(tok, make
 
 def test_kv_reuse_is_reset_between_batches_of_episodes(tok, make_model):
     model = make_model(seed=4)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, precision="fp32")
     ctx = tok.encode("the Louvre is in")
     params = SamplingParams(temperature=0.0, max_new_tokens=3)
     (g,) = engine.generate([ctx], params)
@@ -458,10 +458,10 @@ def test_rows_of_very_different_lengths_are_prefilled_apart_and_decode_as_one_at
     prefills = []
     model.register_forward_hook(lambda m, args, kw, out: prefills.append(kw["input_ids"].shape) if kw["input_ids"].shape[1] > 1 else None,
                                 with_kwargs=True)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, precision="fp32")
     gens = engine.generate(contexts, params)
     assert sorted(tuple(s) for s in prefills) == [(2, 3), (2, len(long))]  # short and long apart, the shared prompt once
-    alone = [HFEngine(model, tok).generate([c], params)[0] for c in contexts]
+    alone = [HFEngine(model, tok, precision="fp32").generate([c], params)[0] for c in contexts]
     obs = [tok.encode(" ok" * k) for k in (1, 40, 2, 45, 1)]  # new tokens: short, long, short, long, short
     later = [c + g.ids + o for c, g, o in zip(contexts, gens, obs)]
     prefills.clear()
@@ -469,6 +469,6 @@ def test_rows_of_very_different_lengths_are_prefilled_apart_and_decode_as_one_at
     later_gens = engine.generate(later, params)
     assert len(prefills) == 2  # the kept caches: only the last sampled id and the observation are prefilled
     assert engine.stats()["prefill_tokens"] - before == sum(len(o) + 1 for o in obs)
-    for g, a, c in zip(gens + later_gens, alone + [HFEngine(model, tok).generate([x], params)[0] for x in later], contexts + later):
+    for g, a, c in zip(gens + later_gens, alone + [HFEngine(model, tok, precision="fp32").generate([x], params)[0] for x in later], contexts + later):
         assert g.ids == a.ids, c
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)

@@ -135,7 +135,7 @@ def rl_batch(learner, tok, seed=0):
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_update_changes_the_policy_under_each_zero_stage(stage, tok, make_model, tmp_path):
     before = state(make_model(seed=5))
-    learner = Learner(make_model(seed=5), LearnerConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=40))
+    learner = Learner(make_model(seed=5), LearnerConfig(zero_stage=stage, lr=1e-2, micro_batch_tokens=40), precision="fp32")
     batch = rl_batch(learner, tok)
     # before any update the recomputed log-probs are the old ones: ratio 1, nothing clipped
     stats = learner.update(batch)
@@ -157,7 +157,7 @@ def test_gradient_does_not_depend_on_micro_batching(agg, tok, make_model):
     batch = batch_of(make_trajs(seed=3, n=6), tok.pad_token_id)
     results = []
     for budget in (10**6, 1):  # one micro-batch vs one row per micro-batch
-        learner = Learner(make_model(seed=7), LearnerConfig(micro_batch_tokens=budget, loss_agg=agg, lr=1e-3))
+        learner = Learner(make_model(seed=7), LearnerConfig(micro_batch_tokens=budget, loss_agg=agg, lr=1e-3), precision="fp32")
         grads = {n: torch.zeros_like(p) for n, p in learner.model.named_parameters()}
 
         def keep(g, n):
@@ -184,7 +184,7 @@ def test_gradient_does_not_depend_on_micro_batching(agg, tok, make_model):
 
 
 def test_save_writes_a_loadable_checkpoint_and_replaces_it_atomically(tok, make_model, tmp_path):
-    learner = Learner(make_model(seed=8), LearnerConfig(lr=1e-2))
+    learner = Learner(make_model(seed=8), LearnerConfig(lr=1e-2), precision="fp32")
     path = tmp_path / "ckpts" / "policy"
     assert learner.save(path, tok) == path
     first = loaded_state(path)
@@ -212,7 +212,7 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
         policy,
         LearnerConfig(lr=1e-2, critic_lr=1e-2, kl_coef=0.1),
         reference=make_model(seed=9),
-        critic=ValueModel(make_model(seed=9)),
+        critic=ValueModel(make_model(seed=9)), precision="fp32",
     )
     assert learner.critic.module.head.weight.eq(0).all()
     batch = annotate(learner, make_trajs(seed=4), RLConfig(algorithm=algorithm, group_size=2), tok.pad_token_id)
@@ -244,7 +244,7 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, m
     cfg = RLConfig(algorithm="grpo", group_size=2)
     results = []
     for skip in (True, False):
-        learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, mini_batches=2))
+        learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, mini_batches=2), precision="fp32")
         if not skip:  # the reference: every row counted as live
             learner.policy_rows = lambda b: torch.arange(len(b["input_ids"]))
         batch = annotate(learner, trajs, cfg, tok.pad_token_id)
@@ -267,9 +267,9 @@ def test_no_row_is_skipped_when_a_kl_or_entropy_term_gives_it_a_gradient(tok, ma
     batch = batch_of(make_trajs(), tok.pad_token_id)
     batch["advantages"] = torch.zeros(batch["input_ids"].shape)
     n = len(batch["input_ids"])
-    assert len(Learner(make_model(seed=1), LearnerConfig()).policy_rows(batch)) == 0
-    assert len(Learner(make_model(seed=1), LearnerConfig(entropy_coef=0.01)).policy_rows(batch)) == n
-    with_kl = Learner(make_model(seed=1), LearnerConfig(kl_coef=0.1), reference=make_model(seed=1))
+    assert len(Learner(make_model(seed=1), LearnerConfig(), precision="fp32").policy_rows(batch)) == 0
+    assert len(Learner(make_model(seed=1), LearnerConfig(entropy_coef=0.01), precision="fp32").policy_rows(batch)) == n
+    with_kl = Learner(make_model(seed=1), LearnerConfig(kl_coef=0.1), reference=make_model(seed=1), precision="fp32")
     assert len(with_kl.policy_rows(batch)) == n
 
 
@@ -305,12 +305,12 @@ def test_a_single_step_update_needs_no_old_logprob_pass(tok, make_model):
     with old log-probs recomputed by a separate forward pass (the ratio is 1 either way)."""
     trajs = make_trajs(seed=6, n=8)
     cfg = RLConfig(algorithm="grpo", group_size=2)
-    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2))
-    assert learner.single_step and not Learner(make_model(seed=11), LearnerConfig(mini_batches=2)).single_step
+    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2), precision="fp32")
+    assert learner.single_step and not Learner(make_model(seed=11), LearnerConfig(mini_batches=2), precision="fp32").single_step
     batch = annotate(learner, trajs, cfg, tok.pad_token_id)
     assert "old_logprobs" not in batch
     learner.update(batch)
-    reference = Learner(make_model(seed=11), LearnerConfig(lr=1e-2))
+    reference = Learner(make_model(seed=11), LearnerConfig(lr=1e-2), precision="fp32")
     with_old = dict(batch, old_logprobs=reference.logprobs(batch))
     reference.update(with_old)
     changed = [k for k, v in state(learner.model).items() if not torch.equal(v, state(make_model(seed=11))[k])]
@@ -324,7 +324,7 @@ def test_a_single_step_update_needs_no_old_logprob_pass(tok, make_model):
 
 def test_lora_trains_only_adapters_and_saves_a_plain_merged_checkpoint(tok, make_model, tmp_path):
     before = state(make_model(seed=11))
-    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, lora_rank=4, lora_alpha=8))
+    learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, lora_rank=4, lora_alpha=8), precision="fp32")
     model = learner.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.endswith(("lora_a", "lora_b")) for n in trainable)
@@ -350,7 +350,7 @@ def test_lora_trains_only_adapters_and_saves_a_plain_merged_checkpoint(tok, make
 
 def test_lora_with_zero3_is_refused(make_model):
     with pytest.raises(ValueError, match="ZeRO-3"):
-        Learner(make_model(seed=12), LearnerConfig(lora_rank=4, zero_stage=3))
+        Learner(make_model(seed=12), LearnerConfig(lora_rank=4, zero_stage=3), precision="fp32")
 
 
 # ------------------------------------------------------------------------------- shared prefix

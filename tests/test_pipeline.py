@@ -156,19 +156,26 @@ def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
 
 
 # ------------------------------------------------------------------------------ baselines
-def test_naive_rag_retrieves_once_with_the_question_and_allows_one_turn():
+def test_naive_rag_puts_the_question_s_passages_in_the_prompt_and_takes_one_answer_turn():
+    from agent_r1.envs.qa import NAIVE_RAG_SYSTEM_PROMPT
+
     search = make_search_tool(SearchIndex(CORPUS), top_k=2)
-    env = NaiveRAGEnv(search, system_prompt=None)
+    env = NaiveRAGEnv(search, system_prompt="the agent's prompt")
     task = TASKS[1]  # "Which river flows through Vienna?"
     messages = env.reset(task)
-    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
-    assert json.loads(messages[1]["content"][len("<tool_call>"):-len("</tool_call>")])["arguments"]["query"] == task["question"]
-    assert "(1) Danube:" in messages[2]["content"]
+    assert messages[0] == {"role": "system", "content": NAIVE_RAG_SYSTEM_PROMPT}  # its own prompt, not the agent's
+    assert [m["role"] for m in messages] == ["system", "user"]  # no tool call, no tool message
+    user = messages[1]["content"]
+    assert "(1) Danube:" in user and user.endswith(f"Question: {task['question']}")
+    assert env.metrics["tool_calls"] == 0 and env.found_gold == {"Danube"}
     res = env.step("<answer>Danube</answer>")
     assert res.done and res.info["metrics"]["em"] == 1.0 and res.info["metrics"]["search_recall"] == 1.0
     env.reset(task)
+    res = env.step("\n Danube\nIt flows through Vienna.")  # no tag: the first non-blank line answers
+    assert res.done and res.info["answer"] == "Danube" and res.info["metrics"]["em"] == 1.0
+    env.reset(task)
     res = env.step('<tool_call>{"name": "search", "arguments": {"query": "Danube"}}</tool_call>')
-    assert res.done and res.info["metrics"]["em"] == 0.0  # a second search is not allowed: the one turn is over
+    assert res.done and res.info["metrics"]["em"] == 0.0 and res.info["tool_calls"] == []  # no search: one turn
     assert MultiHopQAEnv(search).max_turns > 1
 
 

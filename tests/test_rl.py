@@ -98,14 +98,14 @@ TASKS = [{"id": "a", "prompt": "go"}, {"id": "b", "prompt": "write"}]
 
 
 def _trainer(learner, tok, cfg: RLConfig) -> RLTrainer:
-    engine = HFEngine(learner.model, tok)  # the rollout shares the policy's weights
+    engine = HFEngine(learner.model, tok, precision="fp32")  # the rollout shares the policy's weights
     return RLTrainer(learner, engine, LetterEnv, TASKS, ContextManager(tok), cfg, max_new_tokens=6,
                      max_context_tokens=256, seed=0)
 
 
 @pytest.mark.slow
 def test_grpo_raises_the_reward_of_a_tiny_task(tok, make_model):
-    learner = Learner(make_model(seed=0), LearnerConfig(lr=2e-2))
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=2e-2), precision="fp32")
     trainer = _trainer(learner, tok, RLConfig(algorithm="grpo", group_size=8, tasks_per_iteration=2, iterations=25))
     assert trainer.run() is None  # no files to write: the agent stays in memory
     assert trainer.iteration == 25 and all(h["turns"] == 2 for h in trainer.history)
@@ -119,10 +119,10 @@ def test_grpo_raises_the_reward_of_a_tiny_task(tok, make_model):
 def test_one_gae_iteration_trains_policy_and_critic(tok, make_model):
     cfg = RLConfig(algorithm="gae", group_size=4)
     with pytest.raises(ValueError, match="'gae' needs a critic"):
-        _trainer(Learner(make_model(seed=0), LearnerConfig()), tok, cfg)
+        _trainer(Learner(make_model(seed=0), LearnerConfig(), precision="fp32"), tok, cfg)
     learner = Learner(
         make_model(seed=0), LearnerConfig(lr=1e-2, critic_lr=1e-2), critic=ValueModel(make_model(seed=0))
-    )
+    , precision="fp32")
     trainer = _trainer(learner, tok, cfg)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     trajs = trainer.rollout()
@@ -177,7 +177,7 @@ def test_a_registered_estimator_and_loss_need_no_edit_to_run(centred_estimator, 
 
     # and the driver runs an iteration with it
     CALLS.clear()
-    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2, policy_loss="test_vanilla", clip_low=0.3))
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2, policy_loss="test_vanilla", clip_low=0.3), precision="fp32")
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     trainer = _trainer(learner, tok, c.rl.model_copy(update={"group_size": 4, "tasks_per_iteration": 2}))
     assert trainer.method == "centred" and learner.critic is None

@@ -70,16 +70,16 @@ def test_oracle_demonstration_is_tokenized_like_a_rollout():
     assert res.done and res.info["metrics"]["em"] == 1.0
 
 
+# the tiny pipeline at test sizes (a run in well under a minute)
+TINY_RUN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=2",
+            "rl.tasks_per_iteration=4", "rl.group_size=2", "eval.max_per_hop=4", "model.tiny.num_layers=1",
+            "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+            "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400"]
+
+
 @pytest.mark.slow
 def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
-    overrides = parse_overrides([
-        f"output_dir={tmp_path}", "data.n_films=24", "data.n_directors=8", "data.n_studios=4",
-        "sft.epochs=0.2", "rl.iterations=2", "rl.tasks_per_iteration=4", "rl.group_size=2",
-        "eval.max_per_hop=4", "model.tiny.num_layers=1", "model.tiny.hidden_size=32",
-        "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
-        "model.tiny.vocab_size=400",
-    ])
-    cfg = load_config("tiny", "pipelines.yaml", overrides)
+    cfg = load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}"] + TINY_RUN))
     out = run_all(cfg)
     results = out["eval"]
     # the one stage sequence, in STAGES' order (register needs MLflow tracking, off here)
@@ -88,6 +88,7 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert written == json.loads(json.dumps(results))
     card = json.loads((tmp_path / "metrics" / "model.json").read_text())  # what was trained, beside it
     assert card["name_or_path"].startswith("tiny") and card["parameters"] > 10_000
+    assert card["precision"] == "fp32" and card["precision_setting"] == "auto"  # what it computed in, on any CPU
     assert not (tmp_path / "state" / "rl").exists()  # resume state is dropped once a stage is done
     assert set(written) == {"test", "test_1hop", "test_2hop", "test_3hop"}
     for split in written.values():
@@ -98,6 +99,13 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert [h["iteration"] for h in history] == [1, 2]
     for path in ("checkpoints/base", "checkpoints/sft", "rl/grpo"):
         AutoModelForCausalLM.from_pretrained(tmp_path / path)
+
+    # the same machine, seed and config give the same metrics (wall times aside)
+    again = run_all(load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path / 'again'}"] + TINY_RUN)))
+    assert again["eval"] == results
+    untimed = lambda hist: [{k: v for k, v in h.items() if not k.endswith("_s")} for h in hist]
+    history_again = json.loads((tmp_path / "again" / "metrics" / "train" / "grpo.json").read_text())
+    assert untimed(history_again) == untimed(history)
 
 
 def _demo_setup(tmp_path, overrides):

@@ -6,11 +6,12 @@ import json
 
 from agent_r1.envs.metrics import Metric
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
-from agent_r1.envs.tool_env import ToolEnv
+from agent_r1.envs.tool_env import EnvStep, ToolEnv
 from agent_r1.rewards import (
     answer_score,
     compose_reward,
     exact_match,
+    extract_answer,
     f1_score,
     is_well_formed_answer,
     retrieval_reward,
@@ -119,27 +120,41 @@ class MultiHopQAEnv(ToolEnv):
         return [f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls] + [f"<answer>{task['answers'][0]}</answer>"]
 
 
-class NaiveRAGEnv(MultiHopQAEnv):
-    """The Naive RAG baseline: retrieve once with the raw question, then answer in one turn.
+NAIVE_RAG_SYSTEM_PROMPT = "Answer the question from the passages. Give only the final answer as <answer>...</answer>."
 
-    The retrieval is written into the opening messages as if the agent had searched for the
-    question verbatim (the same tool, the same top-k, the same rendering as an agent's search),
-    and the episode allows a single turn, which must be the answer.
+
+class NaiveRAGEnv(MultiHopQAEnv):
+    """The Naive RAG baseline as the Agent-R1 paper defines it: the passages the search tool
+    retrieves once with the raw question (its top-k, rendered as an agent's search sees them) are
+    written into the user message with the question, and the model answers in one turn, with no
+    tool. Its own system prompt asks for ``<answer>...</answer>``; a turn without that tag is
+    answered by its first non-blank line (the base model was never taught the tag).
     """
 
+    DEFAULT_SYSTEM_PROMPT = NAIVE_RAG_SYSTEM_PROMPT
+    TOOLS_IN_PROMPT = False  # the model sees passages, not a tool
+
     def __init__(self, search_tool: Tool, **kw):
-        super().__init__(search_tool, **{**kw, "max_turns": 1})
+        super().__init__(search_tool, **{**kw, "max_turns": 1, "system_prompt": NAIVE_RAG_SYSTEM_PROMPT})
         self.search_tool = search_tool
 
     def reset(self, task: dict) -> list[dict]:
         from agent_r1.tools import run_tool
 
         messages = super().reset(task)
-        args = {"query": task["question"]}
-        result = run_tool(self.search_tool, args)
+        result = run_tool(self.search_tool, {"query": task["question"]})
         _, self.found_gold = retrieval_reward(result.info.get("titles", []), task["gold_titles"], set(), 0.0)
-        call = {"name": self.search_name, "arguments": args}
-        return messages + [
-            {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
-            {"role": "tool", "name": self.search_name, "content": result.text},
-        ]
+        messages[-1] = {"role": "user", "content": f"Passages:\n{result.text}\n\nQuestion: {task['question']}"}
+        return messages
+
+    def step(self, action_text: str, context_tokens: int | None = None) -> EnvStep:
+        """The one turn is the answer: its ``<answer>`` content, else its first non-blank line."""
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        self.metrics["turns"] += 1
+        answer = extract_answer(action_text)
+        if answer is None:
+            answer = next((line.strip() for line in action_text.splitlines() if line.strip()), None)
+        info = {"tool_calls": [], "answer": answer, "format_error": False, "tool_errors": 0, "timed_out": 0,
+                "truncated": 0, "errors": []}
+        return self._finish([], 0.0, info, "answer", action_text)

