@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES
+from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, registered_name
 from agent_r1.data.synthetic import QTYPES, WorldConfig
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
@@ -85,10 +85,14 @@ class EnvConfig(_Strict):
     """Tokens the model may generate in one turn."""
     top_k: int = Field(2, ge=1)  # passages per search
     """Passages the search tool returns per query."""
-    context: Literal["full", "sliding_window"] = "full"
-    """What the model sees each turn: the full history, or the prompt plus the last `window` turns."""
+    context: str = "full"
+    """What the model sees each turn: `full` history, `sliding_window` (the prompt plus the last `window`
+    turns), `summary` (older turns replaced by a summary once the history passes `context_kwargs.budget`
+    tokens, default 512), or the import path of a ContextManager subclass (`module:Class`, `path/to/file.py:Class`)."""
     window: int = Field(2, ge=1)
     """Turns kept by the sliding_window context."""
+    context_kwargs: dict[str, Any] = {}
+    """More settings of the context manager's constructor (summary: budget, keep)."""
     reward_scheme: Literal["agent_r1", "answer_only", "answer_plus_format"] = "agent_r1"
     """How answer score and format combine into the outcome reward (agent_r1: ill-formed episodes score below
     any well-formed one)."""
@@ -159,9 +163,22 @@ def parse_method(method: str) -> dict:
     return {"algorithm": algorithm, **masks}
 
 
+def _registered(spec: str, kind: str) -> str:
+    try:
+        return registered_name(spec, kind)
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+
+
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
-    """Advantage estimator, a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...)."""
+    """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...) or the
+    import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`)."""
+
+    @field_validator("algorithm")
+    @classmethod
+    def _algorithm(cls, v: str) -> str:
+        return _registered(v, "advantage")
     advantage_settings: dict[str, bool | int | float | str] = {}
     """The estimator's own settings (its keyword-only parameters), e.g. {whiten: false}."""
     # Which questions RL trains on: every training question with one of `hops`, plus the
@@ -303,12 +320,30 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _context_problems(cfg: RunConfig) -> list[str]:
+    """``env.context`` names a context manager that takes ``env.context_kwargs``."""
+    import inspect
+
+    from agent_r1.context import get_context_manager
+
+    try:
+        cls = get_context_manager(cfg.env.context)
+    except (ImportError, KeyError, TypeError) as e:
+        return [f"env.context: {e.args[0] if e.args else e}"]
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    unknown = sorted(set(cfg.env.context_kwargs) - set(params) - {"self", "tokenizer", "tools"})
+    return [f"env.context_kwargs: {cls.__name__} takes no setting {k!r}; it takes "
+            f"{sorted(set(params) - {'self', 'tokenizer', 'tools'})}" for k in unknown]
+
+
 def _choice_problems(cfg: RunConfig) -> list[str]:
     """Names that must be in a registry or a known set: estimators, methods, question types,
     the environment and its tools."""
     from agent_r1.envs.registry import config_problems
 
-    out = config_problems(cfg.env) + _estimator_problems(cfg)
+    out = config_problems(cfg.env) + _estimator_problems(cfg) + _context_problems(cfg)
     if not out and "naive_rag" in cfg.eval.baselines:
         from agent_r1.envs import MultiHopQAEnv, get_env
 

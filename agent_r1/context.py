@@ -3,11 +3,16 @@
 A context manager tokenizes the task prompt once and each tool observation once (through the
 tokenizer's chat template), keeps the sampled action ids as they are, and builds the next
 turn's context from those pieces. Whatever it builds is stored in the Step, so training sees
-exactly the context the policy saw.
+exactly the context the policy saw. Three forms: the full history (:class:`ContextManager`), a
+sliding window of the last turns (:class:`SlidingWindow`), and a summary of the older turns once
+the history passes a token budget (:class:`Summary`); ``env.context`` names one of them or a
+user's subclass by import path (``module:Class``, ``path/to/file.py:Class``).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -15,6 +20,8 @@ from dataclasses import dataclass, field
 class EpisodeContext:
     prompt_ids: list[int]
     turns: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (action, observation)
+    messages: list[dict] = field(default_factory=list)  # the opening chat messages
+    observations: list[list[dict]] = field(default_factory=list)  # each turn's tool messages, as given
 
 
 class ObservationRenderer:
@@ -59,11 +66,12 @@ class ContextManager:
         text = self.tokenizer.apply_chat_template(
             messages, tools=self.tools, tokenize=False, add_generation_prompt=True
         )
-        return EpisodeContext(self.tokenizer.encode(text, add_special_tokens=False))
+        return EpisodeContext(self.tokenizer.encode(text, add_special_tokens=False), messages=list(messages))
 
     def observe(self, ctx: EpisodeContext, action_ids: list[int], observation: list[dict]) -> None:
         ended = bool(action_ids) and action_ids[-1] == self.tokenizer.eos_token_id
         ctx.turns.append((list(action_ids), self.renderer.ids(observation, action_ended=ended)))
+        ctx.observations.append(list(observation))
 
     def visible_turns(self, ctx: EpisodeContext) -> list[tuple[list[int], list[int]]]:
         return ctx.turns
@@ -88,10 +96,89 @@ class SlidingWindow(ContextManager):
         return ctx.turns[-self.window :]
 
 
-CONTEXT_MANAGERS = {"full": ContextManager, "sliding_window": SlidingWindow}
+_PASSAGE = re.compile(r"^\(\d+\) ([^:\n]+): (.*)$", re.M)  # a search result line: "(1) Title: text"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def first_sentence(text: str, max_chars: int = 200) -> str:
+    """The first sentence of ``text`` (at most ``max_chars`` characters)."""
+    text = " ".join(text.split())
+    return _SENTENCE_END.split(text, maxsplit=1)[0][:max_chars]
+
+
+def extractive_summary(observations: list[list[dict]]) -> str:
+    """The default summary of earlier turns, deterministic and extractive: for each retrieved
+    passage (``(k) Title: text`` lines, as the search tool writes them) its title and first
+    sentence; for any other tool message its name and first sentence."""
+    lines = []
+    for turn in observations:
+        for message in turn:
+            content = str(message.get("content", ""))
+            passages = _PASSAGE.findall(content)
+            if passages:
+                lines += [f"- {title}: {first_sentence(text)}" for title, text in passages]
+            elif content.strip():
+                lines.append(f"- {message.get('name', 'tool')}: {first_sentence(content)}")
+    return "Found in earlier turns:\n" + ("\n".join(lines) if lines else "- nothing")
+
+
+class Summary(ContextManager):
+    """The full history until it passes ``budget`` tokens; from then on every turn but the last
+    ``keep`` is replaced by a summary of what those turns observed, appended to the task's user
+    message (the prompt is re-rendered with it; the kept turns follow as they were sampled).
+
+    ``summarize`` maps the summarised turns' observations (chat messages) to text (a callable, or
+    its import path from a config); default :func:`extractive_summary`. Each step stores the context ids this returns, so training sees
+    the summarised context the policy saw.
+    """
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None, budget: int = 512, keep: int = 1,
+                 summarize: Callable[[list[list[dict]]], str] | str | None = None):
+        super().__init__(tokenizer, tools)
+        if budget < 1 or keep < 0:
+            raise ValueError(f"summary context: budget must be >= 1 and keep >= 0, got budget={budget}, keep={keep}")
+        self.budget, self.keep = budget, keep
+        if isinstance(summarize, str):  # an import path from a config: module:fn or path/to/file.py:fn
+            from agent_r1.registry import load_object
+
+            summarize = load_object(summarize, "summarize")
+        self.summarize = summarize or extractive_summary
+
+    def context_ids(self, ctx: EpisodeContext) -> list[int]:
+        full = super().context_ids(ctx)
+        n_old = len(ctx.turns) - self.keep
+        if len(full) <= self.budget or n_old <= 0 or not ctx.messages:
+            return full
+        user = max(i for i, m in enumerate(ctx.messages) if m["role"] == "user")
+        summary = self.summarize(ctx.observations[:n_old])
+        messages = [dict(m) for m in ctx.messages]
+        messages[user]["content"] = f"{messages[user]['content']}\n\n{summary}"
+        ids = self.start(messages).prompt_ids
+        for action, obs in ctx.turns[n_old:]:
+            ids += action + obs
+        return ids
+
+
+CONTEXT_MANAGERS = {"full": ContextManager, "sliding_window": SlidingWindow, "summary": Summary}
+
+
+def get_context_manager(name: str) -> type[ContextManager]:
+    """The context manager class ``name`` names: ``full``, ``sliding_window``, ``summary``, or an
+    import path (``module:Class`` / ``path/to/file.py:Class``) to a :class:`ContextManager` subclass."""
+    from agent_r1.registry import is_import_path, load_object
+
+    if is_import_path(name):
+        cls = load_object(name, "context manager")
+    elif name in CONTEXT_MANAGERS:
+        cls = CONTEXT_MANAGERS[name]
+    else:
+        raise KeyError(f"unknown context manager {name!r}; known: {sorted(CONTEXT_MANAGERS)} "
+                       "(or an import path, module:Class or path/to/file.py:Class)")
+    if not (isinstance(cls, type) and issubclass(cls, ContextManager)):
+        raise TypeError(f"context manager {name!r} is {cls!r}, not a ContextManager subclass")
+    return cls
 
 
 def make_context_manager(name: str, tokenizer, tools: list[dict] | None = None, **kwargs) -> ContextManager:
-    if name not in CONTEXT_MANAGERS:
-        raise ValueError(f"unknown context manager {name!r}; known: {sorted(CONTEXT_MANAGERS)}")
-    return CONTEXT_MANAGERS[name](tokenizer, tools, **kwargs)
+    """The context manager ``name`` (see :func:`get_context_manager`) with its settings ``kwargs``."""
+    return get_context_manager(name)(tokenizer, tools, **kwargs)

@@ -130,7 +130,7 @@ class Agent:
         shown = self.cfg.env.tools_in_prompt and getattr(self.env_cls, "TOOLS_IN_PROMPT", True)
         tools = [t.schema for t in self.tools] if shown else None
         kw = {"window": self.cfg.env.window} if self.cfg.env.context == "sliding_window" else {}
-        return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw)
+        return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw | self.cfg.env.context_kwargs)
 
 
 def make_tools(cfg: RunConfig, data_dir: Path) -> list[Tool]:

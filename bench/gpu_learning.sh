@@ -98,7 +98,7 @@ if [ "$SMOKE" = 1 ]; then
          -s model.tiny.num_heads=2 -s model.tiny.num_kv_heads=1 -s model.tiny.intermediate_size=64
          -s model.tiny.vocab_size=400 -s data.n_films=24 -s data.n_directors=8 -s data.n_studios=4
          -s sft.epochs=0.05 -s rl.iterations=2 -s rl.tasks_per_iteration=2 -s rl.group_size=2
-         -s eval.max_per_hop=3 -s env.max_new_tokens=16 "${EXTRA[@]}")
+         -s eval.max_per_hop=3 -s env.max_new_tokens=16 -s env.max_context_tokens=1024 "${EXTRA[@]}")
   export OMP_NUM_THREADS=1
 fi
 

@@ -32,6 +32,7 @@ from agent_r1.algorithms.registry import (
     get_policy_loss,
     register_advantage,
     register_policy_loss,
+    registered_name,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ppo_clip_loss",
     "register_advantage",
     "register_policy_loss",
+    "registered_name",
     "reinforce_pp",
     "reinforce_pp_baseline",
     "rloo",

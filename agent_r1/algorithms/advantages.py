@@ -4,7 +4,17 @@ Batches are [B, T], right-padded; each row is one trajectory packed as prompt, t
 action tokens (model turns) and observation tokens (tool outputs). Every estimator takes an
 `AdvantageInputs` and returns `(advantages, returns)`, both [B, T] and exactly 0 where `mask` is 0.
 Rewards are read on masked (action) tokens only: the caller puts the final reward on the last
-action token of the trajectory and each step reward on the last action token of its step.
+action token of the trajectory and each step reward on the last action token of its step. A KL
+penalty to the reference is not in these rewards: it is a term of the loss (``rl.learner.kl_coef``,
+:func:`agent_r1.algorithms.kl_penalty`).
+
+References: GAE — Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
+Advantage Estimation" (arXiv:1506.02438); GRPO — Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300);
+Dr. GRPO — Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
+(arXiv:2503.20783); RLOO — Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+Optimization for Learning from Human Feedback in LLMs" (arXiv:2402.14740), after Kool et al. 2019;
+REINFORCE++ — Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
+Models" (arXiv:2501.03262).
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ from agent_r1.algorithms.registry import register_advantage
 
 @dataclass
 class AdvantageInputs:
-    token_rewards: Tensor  # [B,T] float: final + step rewards (- per-token KL), on action tokens
+    token_rewards: Tensor  # [B,T] float: final + step rewards, on action tokens (KL is a loss term, not here)
     mask: Tensor  # [B,T] float/bool advantage mask: 1 on action tokens, 0 on prompt/observation/pad
     group_ids: Tensor  # [B] long; same id = same task (group baselines)
     values: Tensor | None = None  # [B,T] critic values (gae, step_gae)
@@ -83,7 +93,7 @@ def _group_size_and_sum(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
 
 @register_advantage("gae", needs_critic=True, report_name="ppo")
 def gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
-    """Token-level GAE over action tokens only (Agent-R1's advantage mask).
+    """Token-level GAE (Schulman et al. 2016) over action tokens only (Agent-R1's advantage mask).
 
     Observation tokens are skipped: the next value of a turn's last action token is the value at
     the first action token of the next turn, and 0 after the trajectory's last action token.
@@ -142,7 +152,7 @@ def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
 
 @register_advantage("grpo", needs_groups=True)
 def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """GRPO: `(score - group mean) / (group std + eps)` on every action token.
+    """GRPO (Shao et al. 2024): `(score - group mean) / (group std + eps)` on every action token.
 
     score = sum of the trajectory's rewards (step rewards included); std is Bessel-corrected
     (unbiased, torch's default); a group of one gets 0. No critic, so returns = advantages.
@@ -152,13 +162,13 @@ def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 @register_advantage("grpo_no_std", needs_groups=True)
 def grpo_no_std(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """Dr. GRPO: `score - group mean`, without the std division; otherwise as `grpo`."""
+    """Dr. GRPO (Liu et al. 2025): `score - group mean`, without the std division; otherwise as `grpo`."""
     return _grpo(inp, scale=False)
 
 
 @register_advantage("rloo", needs_groups=True)
 def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
-    """RLOO: `score - mean of the other scores in the group` on every action token.
+    """RLOO (Ahmadian et al. 2024): `score - mean of the other scores in the group` on every action token.
 
     score as in `grpo`; a group of one gets 0; returns = advantages.
     """
@@ -172,7 +182,7 @@ def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 
 @register_advantage("reinforce_pp")
 def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: discounted return-to-go over action tokens (gamma per action token,
+    """REINFORCE++ (Hu 2025): discounted return-to-go over action tokens (gamma per action token,
     observation tokens skipped; `lam` unused), whitened over the batch's action tokens
     (`masked_whiten`), on by default. returns = the return-to-go.
     """
@@ -183,7 +193,7 @@ def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, 
 
 @register_advantage("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline: the `reinforce_pp` return-to-go minus the group mean of the
+    """REINFORCE++-baseline (Hu 2025): the `reinforce_pp` return-to-go minus the group mean of the
     trajectory scores (score as in `grpo`), then whitened as in `reinforce_pp`.
     returns = the return-to-go.
     """

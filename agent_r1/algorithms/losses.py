@@ -59,7 +59,8 @@ def ppo_clip_loss(
     dual_clip: float | None = 3.0,
     agg: str = "token-mean",
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate, `max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`.
+    """PPO clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
+    arXiv:1707.06347), `max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))`.
 
     With `dual_clip = c` (> 1; None disables), the loss of a token with A < 0 is capped at
     `-c * A` (Ye et al. 2020), so a huge ratio on a bad token cannot dominate the batch.
@@ -105,6 +106,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
     - `k1`: `logp - ref` (unbiased, can be negative);
     - `k2`: `0.5 * (logp - ref)^2` (biased, non-negative);
     - `k3`: `exp(ref - logp) - (ref - logp) - 1` (Schulman's unbiased, non-negative).
+
+    (J. Schulman, "Approximating KL Divergence", 2020.) The learner adds ``kl_coef`` times its
+    aggregate to the loss; it is never folded into the rewards.
     """
     log_ratio = logprobs - ref_logprobs
     if kind == "k1":

@@ -9,7 +9,10 @@ is one registered function, with no edit anywhere else:
 - a :class:`PolicyLoss` names the learner settings (``rl.learner.*``) it takes.
 
 Registration happens when `agent_r1.algorithms` is imported (its `__init__` imports the modules
-that define them), so look-ups through the package always see every built-in.
+that define them), so look-ups through the package always see every built-in. A config may also
+name a user's function by import path (``my_pkg.estimators:fn`` or ``path/to/file.py:fn``):
+importing it runs its ``@register_…`` decorator, and :func:`registered_name` gives the name it
+was registered under (what the config then holds).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from agent_r1.registry import is_import_path, load_object
 
 
 def _keyword_settings(fn: Callable) -> dict[str, Any]:
@@ -112,3 +117,20 @@ def get_policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as `name` (callable like its function); KeyError listing the
     known names otherwise."""
     return _get(POLICY_LOSSES, "policy loss", name)
+
+
+def registered_name(spec: str, kind: str = "advantage") -> str:
+    """The registered name ``spec`` stands for: ``spec`` itself, or, for an import path, the name
+    the function it names was registered under (importing its module registered it). ``kind``:
+    ``advantage`` or ``policy loss``. ImportError when the path does not import or names a
+    function that was never registered."""
+    if not is_import_path(spec):
+        return spec
+    table = ADVANTAGES if kind == "advantage" else POLICY_LOSSES
+    fn = load_object(spec, kind)
+    for name, entry in table.items():
+        if entry.fn is fn:
+            return name
+    decorator = "register_advantage" if kind == "advantage" else "register_policy_loss"
+    raise ImportError(f"{kind} {spec!r}: {getattr(fn, '__name__', fn)!r} is not registered; decorate it with "
+                      f"@{decorator}(\"name\") from agent_r1.algorithms")

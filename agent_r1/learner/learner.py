@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_r1.algorithms import (
     aggregate,
@@ -52,7 +52,18 @@ class LearnerConfig(BaseModel):
     mini_batches: int = Field(1, ge=1)
     """Optimizer steps per pass (the batch is split into this many)."""
     policy_loss: str = "ppo"
-    """Policy loss, a name registered in agent_r1.algorithms (ppo, vanilla)."""
+    """Policy loss: a name registered in agent_r1.algorithms (ppo, vanilla) or the import path of a function
+    registered with @register_policy_loss (`module:fn`, `path/to/file.py:fn`)."""
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: str) -> str:
+        from agent_r1.algorithms import registered_name
+
+        try:
+            return registered_name(v, "policy loss")
+        except ImportError as e:
+            raise ValueError(str(e)) from None
     clip_low: float = Field(0.2, ge=0)
     """PPO ratio clip below 1 (ratio ≥ 1 - clip_low)."""
     clip_high: float = Field(0.2, ge=0)
