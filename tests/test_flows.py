@@ -96,6 +96,8 @@ def test_training_flow_runs_every_stage_and_registers(trained):
     # MLflow: one finished pipeline run, a nested run per stage, a metric point per RL iteration
     run_id = result["mlflow_run_id"]
     assert tracker.run_info(run_id)["status"] == "FINISHED"
+    params = tracker.run_info(run_id)["params"]  # the precision computed in, beside the setting
+    assert params["precision_computed"] == "fp32" and params["model.precision"] == "auto"
     stages = tracker.child_runs(run_id)
     assert set(stages) == {"prepare", "sft", "train", "evaluate", "register"}
     assert [step for step, _ in tracker.metric_history(stages["train"], "reward_mean")] == [1, 2]
