@@ -11,6 +11,7 @@ Qwen2-style model is built from a config.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -148,6 +149,18 @@ def autocast(precision: str, device: torch.device | str):
     device = torch.device(device)
     bf16 = resolve_precision(precision, device) == "bf16"
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The forward's keyword for a KV cache: ``cache`` from transformers 5.24 on, which deprecates
+    ``past_key_values``; earlier 5.x (5.17 on the GPU machine) knows only ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(type(module).forward).parameters else "past_key_values"
+
+
+def output_cache(output):
+    """The KV cache a forward with ``use_cache=True`` returned (``cache``, or ``past_key_values``
+    before transformers 5.24), without touching the deprecated name where the new one exists."""
+    return output["cache"] if "cache" in output.keys() else output["past_key_values"]
 
 
 def default_device() -> torch.device:

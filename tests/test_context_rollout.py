@@ -9,6 +9,7 @@ from agent_r1.config import RLConfig
 from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
+from agent_r1.models import cache_kwarg
 from agent_r1.pipeline.rl_driver import annotate
 from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
@@ -423,13 +424,14 @@ def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_reorder_and
     out = {}
     with torch.no_grad():
         for name, cache in (("dynamic", DynamicCache()), ("growing", _growing_cache())):
-            logits = [model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
+            kw = cache_kwarg(model)  # cache (transformers >= 5.24) or past_key_values
+            logits = [model(input_ids=ids, **{kw: cache}, use_cache=True).logits[:, -1]]
             for t in range(steps.shape[1]):
                 if t == 5:
                     cache.reorder_cache(torch.tensor([2, 0, 0]))  # rows selected, as a group expands
                 if t == 8:
                     cache.crop(-2)  # keys and values replaced from outside
-                logits.append(model(input_ids=steps[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+                logits.append(model(input_ids=steps[:, t:t + 1], **{kw: cache}, use_cache=True).logits[:, -1])
             out[name] = (torch.stack(logits), type(cache.layers[0]))
     assert out["growing"][1] is _GrowingLayer and out["dynamic"][1] is not _GrowingLayer
     torch.testing.assert_close(out["growing"][0], out["dynamic"][0], rtol=0, atol=1e-5)

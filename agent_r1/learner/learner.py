@@ -29,7 +29,7 @@ from agent_r1.algorithms import (
 from agent_r1.atomic import replace_dir
 from agent_r1.learner.distributed import init_distributed
 from agent_r1.learner.lora import add_lora, merged
-from agent_r1.models import autocast
+from agent_r1.models import autocast, cache_kwarg, output_cache
 
 
 class LearnerConfig(BaseModel):
@@ -134,13 +134,13 @@ def _hidden_after(decoder, input_ids, attention_mask, shared: int) -> torch.Tens
     if shared == 0:
         return decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     B, T = input_ids.shape
-    cache = decoder(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
-                    use_cache=True).past_key_values
+    cache = output_cache(decoder(input_ids=input_ids[:1, :shared], attention_mask=attention_mask[:1, :shared],
+                                 use_cache=True))
     for layer in cache.layers:
         layer.keys, layer.values = layer.keys.expand(B, -1, -1, -1), layer.values.expand(B, -1, -1, -1)
     pos = torch.arange(shared, T, device=input_ids.device).expand(B, -1)
     return decoder(input_ids=input_ids[:, shared:], attention_mask=attention_mask, position_ids=pos,
-                   past_key_values=cache, use_cache=True).last_hidden_state
+                   **{cache_kwarg(decoder): cache}, use_cache=True).last_hidden_state
 
 
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False,

@@ -7,7 +7,6 @@ trains on exactly those ids (token in, token out).
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -16,11 +15,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent_r1.models import autocast
-
-# transformers 5.24 renames the forward's ``past_key_values`` to ``cache``; older 5.x (5.17 on
-# the GPU machine) knows only the first, so it is kept, without a warning per call
-warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+from agent_r1.models import autocast, cache_kwarg
 
 
 class _GrowingLayer(DynamicLayer):
@@ -188,6 +183,7 @@ class HFEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.precision = precision  # agent_r1.models.autocast
         self.reuse_kv = reuse_kv
+        self._cache_kw = cache_kwarg(model) if model is not None else "past_key_values"
         self.reset()
 
     def reset(self) -> None:
@@ -254,7 +250,7 @@ class HFEngine(RolloutEngine):
                 cache = self._cache([u_ctx[r] for r in g], [u_pre[r] for r in g], Tg - Ng, Ng,
                                     params.max_new_tokens if direct else 0, device)
                 logits = self.model(input_ids=ids[g, T - Ng:].to(device), attention_mask=mask[g, T - Tg:].to(device),
-                                    position_ids=pos[g, T - Ng:].to(device), past_key_values=cache, use_cache=True,
+                                    position_ids=pos[g, T - Ng:].to(device), **{self._cache_kw: cache}, use_cache=True,
                                     logits_to_keep=1).logits[:, -1]
                 parts.append((g, Tg, cache, logits))
             if not direct:  # one decode cache and logits row per context (a group's shared prompt expanded)
@@ -281,7 +277,7 @@ class HFEngine(RolloutEngine):
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
                 pos = pos + 1
                 logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
-                                    past_key_values=cache, use_cache=True).logits[:, -1]
+                                    **{self._cache_kw: cache}, use_cache=True).logits[:, -1]
             self._keep(kv, contexts, live, torch.arange(len(live), device=device), length, cache, T)
         gen_ids = torch.full((C, len(steps)), self.pad_id, dtype=torch.long, device=device)
         gen_lp = torch.zeros((C, len(steps)), device=device)
