@@ -35,10 +35,11 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
 
 
 def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:
-    """``{"all": {...}, "1hop": {...}, "2hop": {...}, ...}``."""
+    """``{"all": {...}, "1hop": {...}, "2hop": {...}, ...}`` (hop counts where the tasks have them)."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, task in enumerate(tasks):
-        groups[int(task.get("hops", 0))].append(i)
+        if "hops" in task:  # a task without hop counts is only in "all"
+            groups[int(task["hops"])].append(i)
     out = {"all": summarize(trajs, tasks)}
     for hops in sorted(groups):
         idx = groups[hops]
