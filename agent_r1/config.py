@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
-from agent_r1.data.synthetic import QTYPES, WorldConfig
+from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -35,7 +35,7 @@ class DataConfig(_Strict):
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
     seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
-    n_films: int = Field(_WORLD.n_films, ge=4, le=1000)  # the name inventory holds 1,000 films
+    n_films: int = Field(_WORLD.n_films, ge=4)
     """Films in the synthetic world (both sub-worlds together)."""
     n_directors: int = Field(_WORLD.n_directors, ge=2)
     """Directors in the synthetic world (each also gets a spouse)."""
@@ -283,6 +283,9 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self):
         problems = _choice_problems(self) + _hop_problems(self) + _tiny_problems(self) + _learner_problems(self)
+        capacity = name_capacity(self.data.name_words)  # the synthetic world's counts fit its names
+        problems += [f"data.{k}: {getattr(self.data, k)} is more than the {n} names the inventory has with "
+                     f"data.name_words={self.data.name_words}" for k, n in capacity.items() if getattr(self.data, k) > n]
         if self.sft.worlds and self.data.source != "synthetic":
             problems.append("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.data.source == "hotpotqa" and not self.data.path:

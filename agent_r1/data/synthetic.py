@@ -223,6 +223,15 @@ _INVENTORY_SIZES = {
 _INVENTORY: dict[int, dict[str, list[str]]] = {}
 
 
+def name_capacity(name_words: int) -> dict[str, int]:
+    """The most entities of each WorldConfig count the name inventory can name (``n_films``,
+    ``n_directors``: each also has a spouse, ``n_studios``, ``n_cities``)."""
+    sizes = _INVENTORY_SIZES[name_words]
+    people = sizes["person"] if name_words == 1 else sizes["first"] * sizes["last"]
+    films = sizes["film"] if name_words == 1 else sizes["film_a"] * sizes["film_b"]
+    return {"n_films": films, "n_directors": people // 2, "n_studios": sizes["studio"], "n_cities": sizes["city"]}
+
+
 def _inventory(name_words: int = 2) -> dict[str, list[str]]:
     if name_words not in _INVENTORY:
         words = _Words(random.Random(_INVENTORY_SEED))
