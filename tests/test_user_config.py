@@ -186,3 +186,11 @@ def test_a_tool_returning_no_text_is_a_tool_error():
     step = env.step('<tool_call>{"name": "odd", "arguments": {"x": "a"}}</tool_call>')
     assert step.info["tool_errors"] == 1 and env.metrics["tool_errors"] == 1
     assert step.observation[0]["content"].startswith("Error: tool 'odd' returned NoneType")
+
+
+def test_the_packaged_pipelines_are_the_repositorys():
+    """agent_r1/pipelines.yaml (package data, a link to ./pipelines.yaml) is what `agent-r1:<name>` reads."""
+    from agent_r1.config import packaged_pipelines
+
+    assert packaged_pipelines().read_text() == (ROOT / "pipelines.yaml").read_text()
+    assert packaged_pipelines().parent == ROOT / "agent_r1" or packaged_pipelines() == ROOT / "pipelines.yaml"
