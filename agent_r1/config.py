@@ -541,7 +541,7 @@ def packaged_pipelines() -> Path:
     here = Path(__file__).resolve().parent
     for candidate in (here / "pipelines.yaml", here.parent / "pipelines.yaml"):
         if candidate.is_file():
-            return candidate
+            return candidate.resolve()  # the link's target: its paths are relative to the repository
     raise ConfigError(f"extends {PACKAGED}:...: the packaged pipelines.yaml is not installed")
 
 
