@@ -6,6 +6,7 @@ nothing is an error before any model loads."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,87 @@ def test_a_tool_that_reads_a_corpus_the_data_lacks_says_so(tmp_path):
     data_dir = prepare_data(cfg)
     with pytest.raises(DataError, match=r"the data has no corpus \(no corpus\.jsonl in data\.path\), but a tool"):
         make_tools(cfg, data_dir)
+
+
+ACCEPT_ENV = '''
+from agent_r1.envs import Metric, ToolEnv
+from agent_r1.tools import tool
+
+
+@tool(thread_safe=True)
+def reverse(text: str) -> str:
+    """Reverse a text.
+
+    Args:
+        text: The text to reverse.
+    """
+    return text[::-1]
+
+
+class ReverseEnv(ToolEnv):
+    """Reverse the sentence: rows hold ``sentence`` and ``target`` (and whatever else was written)."""
+
+    TASK_FIELDS = ("sentence", "target")
+    METRICS = {"reversed_ok": Metric("the answer is the reversed sentence")}
+
+    def reset(self, task):
+        super().reset({"prompt": "Reverse: " + task["sentence"]})
+        self.task = task
+        if not (type(task["k"]) is int and task["city"] == "Lorvik" and task["nested"]["a"][1] == "x"):
+            raise ValueError(f"the row did not arrive as written: {task}")  # an env error, counted in eval.json
+        return [{"role": "user", "content": "Reverse: " + task["sentence"]}]
+
+    def final_reward(self, answer, action_text):
+        ok = float(answer == self.task["target"])
+        return ok, {"reversed_ok": ok}
+
+    def oracle_turns(self, task):
+        return ['<tool_call>{"name": "reverse", "arguments": {"text": "%s"}}</tool_call>' % task["sentence"],
+                "<answer>%s</answer>" % task["target"]]
+'''
+
+
+@pytest.mark.slow
+def test_a_users_own_task_trains_from_a_config_in_another_folder(tmp_path):
+    """The acceptance test of issue 26: an environment in a temp module with its own fields
+    (sentence, target; no QA field, no corpus), a config in another folder naming everything by
+    relative paths and extending the packaged tiny pipeline, trained by `agent-r1 train` from a
+    third folder; its metric is in eval.json and in the CLI's results table."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "revmod.py").write_text(ACCEPT_ENV)
+    _write(tmp_path / "data", _rows(WORDS[:7]), _rows(WORDS[7:]))
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "pipelines.yaml").write_text(textwrap.dedent("""\
+        pipelines:
+          reverse:
+            extends: agent-r1:tiny
+            data: {source: jsonl, path: ../data}
+            env: {name: ../code/revmod.py:ReverseEnv, tools: [../code/revmod.py:reverse], max_turns: 3,
+                  max_context_tokens: 256, max_new_tokens: 16}
+            model: {tiny: {vocab_size: 300, hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1,
+                           intermediate_size: 64, max_position_embeddings: 256}}
+            sft: {worlds: 0, epochs: 0.5, batch_size: 4}
+            rl: {iterations: 1, tasks_per_iteration: 2, group_size: 2}
+            eval: {baselines: [base_tool_call], max_per_hop: 3}
+            runtime: {threads: 1}
+        """))
+    (tmp_path / "elsewhere").mkdir()
+    out = tmp_path / "out"
+    agent_r1 = str(Path(sys.executable).with_name("agent-r1"))
+    run = subprocess.run([agent_r1, "train", "--no-track", "--config", "../conf/pipelines.yaml", "-p", "reverse",
+                          "-s", f"output_dir={out}"], cwd=tmp_path / "elsewhere", capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "COLUMNS": "240"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "metrics" / "eval.json").read_text())
+    assert set(results) == {"test"}  # no hop counts in the data: one split, no "0hop"
+    for method in ("base_tool_call", "sft", "grpo"):
+        m = results["test"][method]
+        assert m["n"] == 3 and m["env_errors"] == 0 and "reversed_ok" in m and "em" not in m, (method, m)
+    header = next(line for line in run.stdout.splitlines() if "method" in line and "split" in line)
+    assert "reversed_ok" in header and "EM" not in header and "F1" not in header, run.stdout
+    sft_row = next(line for line in run.stdout.splitlines() if " sft " in line)
+    assert f"{results['test']['sft']['reversed_ok']:.3f}" in sft_row, run.stdout
