@@ -31,12 +31,12 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa", "jsonl"] = "synthetic"
     """Where the questions come from: a generated synthetic world, HotpotQA files, or your own JSON-lines files (`data.path`)."""
     path: str | None = None
-    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with corpus.jsonl, train.jsonl and test.jsonl in agent_r1.data's schema."""
+    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with train.jsonl and test.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written) and, when a tool reads one, corpus.jsonl. In a config file, relative to that file."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
     seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
     n_films: int = Field(_WORLD.n_films, ge=4)
-    """Films in the synthetic world (both sub-worlds together)."""
+    """Films in the synthetic world (both sub-worlds together; at most what the name inventory can name: 1,000 with one-word names)."""
     n_directors: int = Field(_WORLD.n_directors, ge=2)
     """Directors in the synthetic world (each also gets a spouse)."""
     n_studios: int = Field(_WORLD.n_studios, ge=2)
@@ -77,7 +77,7 @@ class EnvConfig(_Strict):
     # the environment: a registered name (agent_r1.envs.ENVS: multihop_qa, naive_rag) or an
     # import path to a ToolEnv subclass, module:Class or path/to/file.py:Class
     name: str = "multihop_qa"
-    """The environment: a registered name (multihop_qa, naive_rag, or one you register with @register_env) or an import path `module:Class` / `path/to/file.py:Class`."""
+    """The environment: a registered name (multihop_qa, naive_rag, or one you register with @register_env) or an import path `module:Class` / `path/to/file.py:Class` (in a config file, relative to that file)."""
     # its tools (agent_r1/tools/registry.py): registered names or import paths, each a string or
     # a mapping {name: ..., <setting>: ...}; null: the environment's DEFAULT_TOOLS (QA: search)
     tools: list[str | dict[str, Any]] | None = None
@@ -123,7 +123,7 @@ class SFTConfig(_Strict):
     # question types in `qtypes`. The default shows single searches and ONE two-hop
     # composition (film → studio); the other compositions are left for RL to discover.
     hops: list[PositiveInt] = [1]
-    """Hop counts whose training questions the oracle demonstrates."""
+    """Hop counts whose training questions the oracle demonstrates (where the data has `hops`; data without them is not filtered)."""
     qtypes: list[str] = ["studio_city_of_film"]
     """Further question types demonstrated in full (the default shows one two-hop composition, film → studio →
     city)."""
@@ -174,7 +174,7 @@ class RLConfig(_Strict):
     # Which questions RL trains on: every training question with one of `hops`, plus the
     # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
     hops: list[PositiveInt] = [2]
-    """Hop counts of the training questions RL trains on."""
+    """Hop counts of the training questions RL trains on (where the data has `hops`)."""
     qtypes: list[str] = []
     """Further question types RL trains on (e.g. compositions SFT never showed)."""
     iterations: int = Field(100, ge=0)
@@ -213,7 +213,7 @@ class EvalConfig(_Strict):
     split: Literal["train", "test"] = "test"  # a split the prepare stage writes (data.SPLITS)
     """Split evaluated (one the prepare stage writes)."""
     hops: list[PositiveInt] = [1, 2, 3]
-    """Hop counts evaluated, each reported as its own split (test_1hop, ...)."""
+    """Hop counts evaluated, each reported as its own split (test_1hop, ...), where the data has `hops`."""
     max_per_hop: int = Field(100, ge=1)
     """Questions evaluated per hop count."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
