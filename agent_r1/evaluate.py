@@ -29,7 +29,8 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
     # EM per question type: which compositions an agent answers (a hop count mixes several)
     by_type: dict[str, list[float]] = defaultdict(list)
     for t, task in zip(trajs, tasks):
-        by_type[str(task.get("qtype", "?"))].append(t.metrics.get("em", 0.0))
+        if "qtype" in task and "em" in t.metric_aggs:  # tasks with a type, an environment that reports em
+            by_type[str(task["qtype"])].append(t.metrics.get("em", 0.0))
     out["em_by_qtype"] = {q: round(sum(v) / len(v), 4) for q, v in sorted(by_type.items())}
     return out
 

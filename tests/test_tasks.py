@@ -252,3 +252,19 @@ def test_a_users_own_task_trains_from_a_config_in_another_folder(tmp_path):
     assert "reversed_ok" in header and "EM" not in header and "F1" not in header, run.stdout
     sft_row = next(line for line in run.stdout.splitlines() if " sft " in line)
     assert f"{results['test']['sft']['reversed_ok']:.3f}" in sft_row, run.stdout
+
+
+def test_summaries_and_transcripts_of_a_task_without_qa_fields():
+    """No hop counts: one "all" summary (no "0hop"); no qtype or em: no em_by_qtype entry (whose
+    "em_?" metric MLflow would refuse); the transcript shows the task's own fields."""
+    from agent_r1.evaluate import summarize_by_hops
+    from agent_r1.trajectory import Trajectory
+    from agent_r1.transcripts import transcript
+
+    trajs = [Trajectory("train-00000", 0, metrics={"reversed_ok": 1.0, "answer": "enots"}, metric_aggs={"reversed_ok": "mean"})]
+    tasks = [{"id": "train-00000", "split": "train", **_rows(WORDS[:1])[0]}]
+    s = summarize_by_hops(trajs, tasks)
+    assert set(s) == {"all"} and s["all"]["reversed_ok"] == 1.0 and s["all"]["em_by_qtype"] == {}
+    text = transcript(trajs[0], tasks[0])
+    assert "**Task:** {'sentence': 'stone', 'target': 'enots', 'city': 'Lorvik'" in text and "Gold" not in text
+    assert "EM" not in text and "**Answer:** 'enots' · reward 0.00" in text
