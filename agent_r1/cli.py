@@ -21,8 +21,10 @@ def _expected_errors() -> tuple[type[Exception], ...]:
     from agent_r1.checkpoints import CheckpointError
     from agent_r1.config import ConfigError
     from agent_r1.data import DataError
+    from agent_r1.rollout.loop import ContextBudgetError
 
-    return ConfigError, DataError, CheckpointError, FileNotFoundError, IsADirectoryError, NotADirectoryError
+    return (ConfigError, DataError, CheckpointError, ContextBudgetError, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError)
 
 
 def _error(message: str) -> None:

@@ -66,7 +66,9 @@ def test_a_prompt_that_leaves_no_room_for_a_turn_is_a_clear_error():
     engine = ScriptedEngine(tokenizer, ["<answer>12000</answer>"])
     context = ContextManager(tokenizer, env.tool_schemas)
     prompt = len(context.start(env.reset(tasks[0])).prompt_ids)
-    with pytest.raises(ValueError, match=rf"the prompt of every task is at least {prompt} tokens \(1 tool schemas in it\); with max_new_tokens=16 "
+    from agent_r1.rollout.loop import ContextBudgetError
+
+    with pytest.raises(ContextBudgetError, match=rf"the prompt of every task is at least {prompt} tokens \(1 tool schemas in it\); with max_new_tokens=16 "
                                          rf"that is more than max_context_tokens={prompt}"):
         run_episodes(engine, lambda: ToolEnv([lookup], max_turns=3), tasks, context, SamplingParams(max_new_tokens=16),
                      max_context_tokens=prompt)

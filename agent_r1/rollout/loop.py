@@ -81,6 +81,10 @@ def run_episodes(
     return trajs
 
 
+class ContextBudgetError(ValueError):
+    """No episode's prompt leaves room for a turn within the context budget (a config problem)."""
+
+
 def _check_room(ctxs: dict, context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> None:
     """A prompt that leaves no room for a turn of ``max_new_tokens``: an error when it is every
     episode's (they would all end on turn 1 with 'token_budget', reward 0), a warning for some."""
@@ -92,7 +96,7 @@ def _check_room(ctxs: dict, context: ContextManager, params: SamplingParams, max
         return
     tools = f" ({len(context.tools)} tool schemas in it)" if getattr(context, "tools", None) else ""
     if len(full) == len(sizes):
-        raise ValueError(f"the prompt of every task is at least {min(sizes.values())} tokens{tools}; with max_new_tokens="
+        raise ContextBudgetError(f"the prompt of every task is at least {min(sizes.values())} tokens{tools}; with max_new_tokens="
                          f"{params.max_new_tokens} that is more than max_context_tokens={max_context_tokens}: every episode "
                          "would end before its first turn. Raise the budget (env.max_context_tokens) or shorten the prompt")
     log.warning("%d of %d prompts leave no room for a turn of max_new_tokens=%d within max_context_tokens=%d: "
