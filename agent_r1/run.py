@@ -141,6 +141,16 @@ def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed:
     return task_records(pd.concat(parts))
 
 
+def _source(cfg: RunConfig, split: str) -> str:
+    """Where a split's rows came from, as the user named it (for error messages)."""
+    if cfg.data.source == "synthetic":
+        return f"the synthetic {split} split"
+    src = Path(cfg.data.path)
+    if cfg.data.source == "hotpotqa":
+        return str(src / {"train": "train.jsonl", "test": "dev.jsonl"}[split]) if src.is_dir() else str(src)
+    return str(src / f"{split}.jsonl")
+
+
 def selection_problems(cfg: RunConfig, data_dir: Path) -> list[str]:
     """What sft.hops/qtypes, rl.hops/qtypes and eval.hops select in the prepared data: a filter
     on a field the data has must name values it has, and select something."""
@@ -152,8 +162,7 @@ def selection_problems(cfg: RunConfig, data_dir: Path) -> list[str]:
             continue
         df = load_split(data_dir, split)
         sec = getattr(cfg, section)
-        where = cfg.data.path and Path(cfg.data.path) / f"{'dev' if cfg.data.source == 'hotpotqa' and split == 'test' else split}.jsonl"
-        where = where if cfg.data.source != "synthetic" else f"the synthetic {split} split"
+        where = _source(cfg, split)
         qtypes = [q for key, names in explicit_qtypes(cfg).items() if key.startswith(section) for q in names]
         if "qtype" in df.columns and qtypes:
             bad = sorted(set(qtypes) - set(df["qtype"]))
