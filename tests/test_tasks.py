@@ -268,3 +268,20 @@ def test_summaries_and_transcripts_of_a_task_without_qa_fields():
     text = transcript(trajs[0], tasks[0])
     assert "**Task:** {'sentence': 'stone', 'target': 'enots', 'city': 'Lorvik'" in text and "Gold" not in text
     assert "EM" not in text and "**Answer:** 'enots' · reward 0.00" in text
+
+
+def test_the_results_table_shows_every_declared_metric():
+    from rich.console import Console
+
+    from agent_r1.cli import results_table
+
+    common = {"n": 3, "tool_calls": 1.0, "format_error_rate": 0.0, "turns": 2.0, "reward": 0.5, "answered": 1.0,
+              "tokens": 9.0, "env_errors": 0, "em_by_qtype": {}}
+    console = Console(width=200, record=True)
+    console.print(results_table({"test": {"sft": common | {"reversed_ok": 0.667}}}, "custom"))
+    custom = console.export_text()
+    assert "reversed_ok" in custom and "0.667" in custom and "EM" not in custom and "nan" not in custom
+    console.print(results_table({"test": {"sft": common | {"f1": 0.25, "found_gold": 1.5, "em": 0.125}}}, "qa"))
+    header = next(line for line in console.export_text().splitlines() if "method" in line)
+    assert header.index("EM") < header.index("F1") < header.index("found_gold") < header.index("n ")
+    assert "reward" not in header and "answered" not in header  # the summary's own numbers, not declared metrics
