@@ -101,6 +101,10 @@ def _prepare_jsonl(src: Path, out: Path, env_cls: type[ToolEnv]) -> Path:
     if not src.is_dir():
         raise DataError(f"data.path: {src} is not a folder (of train.jsonl, test.jsonl and optionally corpus.jsonl)")
     tables = {split: _read_jsonl(src / f"{split}.jsonl") for split in SPLITS}
+    ids = [{str(r["id"]) for r in rows if "id" in r} for rows, _ in tables.values()]
+    if shared := set.intersection(*ids):
+        raise DataError(f"{src / (SPLITS[-1] + '.jsonl')}: {len(shared)} task id(s) also in {src / (SPLITS[0] + '.jsonl')}, "
+                        f"e.g. {min(shared)!r}: a task must be in one split only")
     out.mkdir(parents=True, exist_ok=True)
     (out / "corpus.parquet").unlink(missing_ok=True)
     if (src / "corpus.jsonl").exists():

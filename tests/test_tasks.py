@@ -285,3 +285,9 @@ def test_the_results_table_shows_every_declared_metric():
     header = next(line for line in console.export_text().splitlines() if "method" in line)
     assert header.index("EM") < header.index("F1") < header.index("found_gold") < header.index("n ")
     assert "reward" not in header and "answered" not in header  # the summary's own numbers, not declared metrics
+
+
+def test_a_task_in_both_splits_names_the_jsonl_files(tmp_path):
+    data = _write(tmp_path / "data", _rows(WORDS[:2], id="same"), _rows(WORDS[7:8], id="same"))
+    with pytest.raises(DataError, match=r"data/test\.jsonl: 1 task id\(s\) also in .*data/train\.jsonl, e\.g\. 'same'"):
+        prepare_data(_config(tmp_path, data))
