@@ -283,9 +283,10 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self):
         problems = _choice_problems(self) + _hop_problems(self) + _tiny_problems(self) + _learner_problems(self)
-        capacity = name_capacity(self.data.name_words)  # the synthetic world's counts fit its names
-        problems += [f"data.{k}: {getattr(self.data, k)} is more than the {n} names the inventory has with "
-                     f"data.name_words={self.data.name_words}" for k, n in capacity.items() if getattr(self.data, k) > n]
+        if self.data.source == "synthetic":  # the world's counts fit its name inventory
+            problems += [f"data.{k}: {getattr(self.data, k)} is more than the {n} names the inventory has with "
+                         f"data.name_words={self.data.name_words}"
+                         for k, n in name_capacity(self.data.name_words).items() if getattr(self.data, k) > n]
         if self.sft.worlds and self.data.source != "synthetic":
             problems.append("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.data.source == "hotpotqa" and not self.data.path:
