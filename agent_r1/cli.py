@@ -21,8 +21,10 @@ def _expected_errors() -> tuple[type[Exception], ...]:
     from agent_r1.checkpoints import CheckpointError
     from agent_r1.config import ConfigError
     from agent_r1.data import DataError
+    from agent_r1.rollout.loop import ContextBudgetError
 
-    return ConfigError, DataError, CheckpointError, FileNotFoundError
+    return (ConfigError, DataError, CheckpointError, ContextBudgetError, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError)
 
 
 def _error(message: str) -> None:
@@ -70,21 +72,42 @@ def _config(pipeline: str, config_file: Path, overrides: list[str]):
     from agent_r1.config import ConfigError, load_config, parse_overrides
 
     try:
-        return load_config(pipeline, config_file, parse_overrides(overrides))
+        cfg = load_config(pipeline, config_file, parse_overrides(overrides))
     except ConfigError as e:
         _error(str(e))
         raise typer.Exit(2) from None
+    if cfg.runtime.threads:
+        from agent_r1.pipeline.stages import use_runtime
+
+        use_runtime(cfg)
+    return cfg
+
+
+# Columns of every results table; the rest of a method's numbers are the environment's declared
+# metrics (EM and F1 for QA, its own for another environment), each a column of its own.
+_TABLE_FIXED = {"n": "n", "tool_calls": "tool calls", "format_error_rate": "format err", "turns": "turns"}
+_NOT_METRICS = {"reward", "answered", "tokens", "env_errors", "format_errors", "timeouts", "truncated_tool_outputs",
+                "tool_errors"}
 
 
 def results_table(results: dict, title: str, timings: dict | None = None) -> Table:
-    nan = float("nan")  # EM and F1 are the QA environment's metrics; another may not have them
+    """eval.json as a table: a row per split and method; a column for every metric the
+    environment declares (em and f1 first), then n, tool calls, format errors and turns."""
+    rows = [(split, method, m) for split in sorted(results) for method, m in results[split].items()]
+    declared: list[str] = []
+    for _, _, m in rows:
+        declared += [k for k, v in m.items() if k not in declared and k not in _TABLE_FIXED and k not in _NOT_METRICS
+                     and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    declared.sort(key=lambda k: (("em", "f1").index(k) if k in ("em", "f1") else 2))
     table = Table(title=title)
-    for col in ("split", "method", "EM", "F1", "n", "tool calls", "format err", "turns"):
-        table.add_column(col, justify="right" if col not in ("split", "method") else "left")
-    for split in sorted(results):
-        for method, m in results[split].items():
-            table.add_row(split, method, f"{m.get('em', nan):.3f}", f"{m.get('f1', nan):.3f}", str(m["n"]), f"{m['tool_calls']:.2f}",
-                          f"{m['format_error_rate']:.3f}", f"{m['turns']:.2f}")
+    for col in ("split", "method"):
+        table.add_column(col)
+    for col in [{"em": "EM", "f1": "F1"}.get(k, k) for k in declared] + list(_TABLE_FIXED.values()):
+        table.add_column(col, justify="right")
+    nan = float("nan")
+    for split, method, m in rows:
+        table.add_row(split, method, *[f"{m.get(k, nan):.3f}" for k in declared], str(m.get("n", 0)),
+                      f"{m.get('tool_calls', nan):.2f}", f"{m.get('format_error_rate', nan):.3f}", f"{m.get('turns', nan):.2f}")
     if timings:
         table.caption = "wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in timings.items())
     return table

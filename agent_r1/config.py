@@ -6,6 +6,7 @@ file of the wrong shape, invalid YAML, or a key given twice."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, registered_name
-from agent_r1.data.synthetic import QTYPES, WorldConfig
+from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
+from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -29,12 +31,12 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa", "jsonl"] = "synthetic"
     """Where the questions come from: a generated synthetic world, HotpotQA files, or your own JSON-lines files (`data.path`)."""
     path: str | None = None
-    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with corpus.jsonl, train.jsonl and test.jsonl in agent_r1.data's schema."""
+    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with train.jsonl and test.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written) and, when a tool reads one, corpus.jsonl. In a config file, relative to that file."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
     seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
     n_films: int = Field(_WORLD.n_films, ge=4)
-    """Films in the synthetic world (both sub-worlds together)."""
+    """Films in the synthetic world (both sub-worlds together; at most what the name inventory can name: 1,000 with one-word names)."""
     n_directors: int = Field(_WORLD.n_directors, ge=2)
     """Directors in the synthetic world (each also gets a spouse)."""
     n_studios: int = Field(_WORLD.n_studios, ge=2)
@@ -65,12 +67,17 @@ class ModelConfig(_Strict):
     seed: int = 0
     """Seed of the tiny model's random initialisation."""
 
+    @field_validator("name_or_path")
+    @classmethod
+    def _blank_is_none(cls, v: str | None) -> str | None:
+        return v if v is None or v.strip() else None  # '' means no name: the tiny model, checked as such
+
 
 class EnvConfig(_Strict):
     # the environment: a registered name (agent_r1.envs.ENVS: multihop_qa, naive_rag) or an
     # import path to a ToolEnv subclass, module:Class or path/to/file.py:Class
     name: str = "multihop_qa"
-    """The environment: a registered name (multihop_qa, naive_rag, or one you register with @register_env) or an import path `module:Class` / `path/to/file.py:Class`."""
+    """The environment: a registered name (multihop_qa, naive_rag, or one you register with @register_env) or an import path `module:Class` / `path/to/file.py:Class` (in a config file, relative to that file)."""
     # its tools (agent_r1/tools/registry.py): registered names or import paths, each a string or
     # a mapping {name: ..., <setting>: ...}; null: the environment's DEFAULT_TOOLS (QA: search)
     tools: list[str | dict[str, Any]] | None = None
@@ -120,7 +127,7 @@ class SFTConfig(_Strict):
     # question types in `qtypes`. The default shows single searches and ONE two-hop
     # composition (film → studio); the other compositions are left for RL to discover.
     hops: list[PositiveInt] = [1]
-    """Hop counts whose training questions the oracle demonstrates."""
+    """Hop counts whose training questions the oracle demonstrates (where the data has `hops`; data without them is not filtered)."""
     qtypes: list[str] = ["studio_city_of_film"]
     """Further question types demonstrated in full (the default shows one two-hop composition, film → studio →
     city)."""
@@ -184,7 +191,7 @@ class RLConfig(_Strict):
     # Which questions RL trains on: every training question with one of `hops`, plus the
     # question types in `qtypes` (e.g. hops: [] and qtypes: the compositions SFT never showed).
     hops: list[PositiveInt] = [2]
-    """Hop counts of the training questions RL trains on."""
+    """Hop counts of the training questions RL trains on (where the data has `hops`)."""
     qtypes: list[str] = []
     """Further question types RL trains on (e.g. compositions SFT never showed)."""
     iterations: int = Field(100, ge=0)
@@ -223,7 +230,7 @@ class EvalConfig(_Strict):
     split: Literal["train", "test"] = "test"  # a split the prepare stage writes (data.SPLITS)
     """Split evaluated (one the prepare stage writes)."""
     hops: list[PositiveInt] = [1, 2, 3]
-    """Hop counts evaluated, each reported as its own split (test_1hop, ...)."""
+    """Hop counts evaluated, each reported as its own split (test_1hop, ...), where the data has `hops`."""
     max_per_hop: int = Field(100, ge=1)
     """Questions evaluated per hop count."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
@@ -247,6 +254,11 @@ class RegisterConfig(_Strict):
     """eval.json metric whose score decides promotion to champion."""
 
 
+class RuntimeConfig(_Strict):
+    threads: int | None = Field(None, ge=1)
+    """Torch CPU threads of every stage (torch.set_num_threads); null: torch's default."""
+
+
 class RunConfig(_Strict):
     name: str = "default"
     """Pipeline name (set from the pipelines.yaml entry)."""
@@ -268,6 +280,8 @@ class RunConfig(_Strict):
     """Held-out evaluation."""
     registry: RegisterConfig = RegisterConfig()
     """MLflow model registration and the champion gate."""
+    runtime: RuntimeConfig = RuntimeConfig()
+    """How the process runs (threads); no effect on results beyond speed."""
     # A comparison pipeline trains several RL methods from the same SFT start with the same
     # budget and seed: names as reported (ppo, grpo, reinforce_pp, reinforce_pp_baseline, rloo,
     # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
@@ -286,6 +300,10 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _check(self):
         problems = _choice_problems(self) + _hop_problems(self) + _tiny_problems(self) + _learner_problems(self)
+        if self.data.source == "synthetic":  # the world's counts fit its name inventory
+            problems += [f"data.{k}: {getattr(self.data, k)} is more than the {n} names the inventory has with "
+                         f"data.name_words={self.data.name_words}"
+                         for k, n in name_capacity(self.data.name_words).items() if getattr(self.data, k) > n]
         if self.sft.worlds and self.data.source != "synthetic":
             problems.append("sft.worlds: fresh demonstration worlds exist only for data.source 'synthetic'")
         if self.data.source == "hotpotqa" and not self.data.path:
@@ -356,14 +374,26 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
                        "(ppo = gae), optionally with _no_loss_mask or _no_adv_mask")
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
-    if cfg.data.source == "synthetic":
-        for key, names in (("sft.qtypes", cfg.sft.qtypes), ("sft.scarce", cfg.sft.scarce), ("rl.qtypes", cfg.rl.qtypes)):
-            unknown = sorted(set(names) - set(QTYPES))
+    known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES}.get(cfg.data.source)
+    if known:  # jsonl: the data's own question types, checked when it is prepared
+        for key, names in explicit_qtypes(cfg).items():
+            unknown = sorted(set(names) - set(known))
             if unknown:
-                out.append(f"{key}: unknown question type(s) {unknown}; known: {', '.join(QTYPES)}")
+                out.append(f"{key}: unknown question type(s) {unknown} in {cfg.data.source} data; known: {', '.join(known)}")
+    if cfg.data.source == "synthetic":
         full = sorted(q for q in cfg.sft.scarce if q in QTYPES and (q in cfg.sft.qtypes or QTYPES[q][0] in cfg.sft.hops))
         if full:
             out.append(f"sft.scarce: {full} already demonstrated in full by sft.hops or sft.qtypes")
+    return out
+
+
+def explicit_qtypes(cfg: RunConfig) -> dict[str, list[str]]:
+    """The question-type filters a config sets (sft.qtypes, sft.scarce, rl.qtypes); the synthetic
+    world's default (sft.qtypes: [studio_city_of_film]) applies only to data that has that type."""
+    out = {}
+    for section, key in ((cfg.sft, "qtypes"), (cfg.sft, "scarce"), (cfg.rl, "qtypes")):
+        if key in section.model_fields_set or cfg.data.source == "synthetic":
+            out[f"{'sft' if section is cfg.sft else 'rl'}.{key}"] = list(getattr(section, key))
     return out
 
 
@@ -491,6 +521,8 @@ def parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value")
         key, raw = item.split("=", 1)
+        if not all(part.strip() for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: {key.strip()!r} is not a key path (expected key.path=value)")
         _set_dotted(out, key.strip(), _yaml(raw, f"override {item!r}"))
     return out
 
@@ -531,28 +563,95 @@ def _read_pipelines(path: Path) -> dict:
         if body is not None and not isinstance(body, dict):
             raise ConfigError(f"{path}: pipelines.{name}: must be a mapping of config keys; found {_kind(body)}")
         if body and not isinstance(body.get("extends", ""), str):
-            raise ConfigError(f"{path}: pipelines.{name}.extends: must be one pipeline's name; found {_kind(body['extends'])}")
+            raise ConfigError(f"{path}: pipelines.{name}.extends: must be one pipeline's name; found {_kind(body['extends'])} "
+                              "(a name, file.yaml:name or agent-r1:name)")
     return pipelines
 
 
+PACKAGED = "agent-r1"  # `extends: agent-r1:tiny` names a pipeline of the packaged pipelines.yaml
+
+
+def packaged_pipelines() -> Path:
+    """The pipelines.yaml that comes with agent-r1: package data (agent_r1/pipelines.yaml) where
+    it is installed so, else the repository's (an editable install)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "pipelines.yaml", here.parent / "pipelines.yaml"):
+        if candidate.is_file():
+            return candidate.resolve()  # the link's target: its paths are relative to the repository
+    raise ConfigError(f"extends {PACKAGED}:...: the packaged pipelines.yaml is not installed")
+
+
+def _is_file_path(spec: str) -> bool:
+    return spec.rpartition(":")[0].endswith(".py")
+
+
+def _anchored(value: str, base: Path) -> str:
+    """A relative path as seen from ``base`` (the config file's folder); absolute ones as they are."""
+    return value if Path(value).is_absolute() else os.path.normpath(base / value)
+
+
+def _anchor(body: dict, base: Path) -> dict:
+    """A pipeline's paths made relative to its file's folder ``base``: ``data.path`` and the
+    ``file.py:Name`` import paths of ``env.name``, ``env.tools``, ``env.context`` (and its
+    ``summarize``), ``rl.algorithm`` and ``rl.learner.policy_loss``."""
+    body = dict(body)
+
+    def anchor_key(section: dict, key: str) -> dict:
+        value = section.get(key)
+        return section | {key: _anchored(value, base)} if isinstance(value, str) and _is_file_path(value) else section
+
+    rl = body.get("rl")
+    if isinstance(rl, dict):
+        rl = anchor_key(rl, "algorithm")
+        if isinstance(rl.get("learner"), dict):
+            rl = rl | {"learner": anchor_key(rl["learner"], "policy_loss")}
+        body["rl"] = rl
+    data, env = body.get("data"), body.get("env")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]:
+        body["data"] = data | {"path": _anchored(data["path"], base)}
+    if isinstance(env, dict):
+        env = dict(env)
+        env = anchor_key(anchor_key(env, "name"), "context")
+        if isinstance(env.get("context_kwargs"), dict):
+            env["context_kwargs"] = anchor_key(env["context_kwargs"], "summarize")
+        if isinstance(env.get("tools"), list):
+            env["tools"] = [_anchored(t, base) if isinstance(t, str) and _is_file_path(t) else
+                            t | {"name": _anchored(t["name"], base)} if isinstance(t, dict) and isinstance(t.get("name"), str)
+                            and _is_file_path(t["name"]) else t for t in env["tools"]]
+        body["env"] = env
+    return body
+
+
 def _resolve(pipelines: dict, name: str, path: Path, seen: tuple = ()) -> dict:
-    """A pipeline's keys, on top of the pipeline it ``extends`` (deep merge)."""
-    if name in seen:
-        raise ConfigError(f"{path}: pipelines extend each other in a cycle: {' -> '.join(seen + (name,))}")
-    raw = dict(pipelines[name] or {})
+    """A pipeline's keys, on top of the pipeline it ``extends`` (deep merge): a pipeline of the
+    same file (``name``), of another file (``other.yaml:name``, relative to this file) or a
+    packaged one (``agent-r1:name``). Each file's paths are relative to that file."""
+    if (path, name) in seen:
+        chain = " -> ".join(n for _, n in seen + ((path, name),))
+        raise ConfigError(f"{path}: pipelines extend each other in a cycle: {chain}")
+    raw = _anchor(dict(pipelines[name] or {}), path.parent)
     base = raw.pop("extends", None)
     if base is None:
         return raw
-    if base not in pipelines:
-        raise ConfigError(f"{path}: pipeline {name!r} extends {base!r}, which is not defined; defined: {sorted(pipelines)}")
-    return _merge({k: v for k, v in _resolve(pipelines, base, path, seen + (name,)).items() if k not in ("name", "output_dir")}, raw)
+    where, base_path, base_pipelines = base, path, pipelines
+    if ":" in base:
+        file, _, base = base.rpartition(":")
+        base_path = packaged_pipelines() if file == PACKAGED else Path(_anchored(file, path.parent))
+        base_pipelines = _read_pipelines(base_path)
+    if base not in base_pipelines:
+        raise ConfigError(f"{path}: pipeline {name!r} extends {where!r}, which is not defined; "
+                          f"defined{'' if base_path == path else f' in {base_path}'}: {sorted(base_pipelines)}")
+    parent = _resolve(base_pipelines, base, base_path, seen + ((path, name),))
+    return _merge({k: v for k, v in parent.items() if k not in ("name", "output_dir")}, raw)
 
 
 def load_config(pipeline: str = "default", path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
     """Read pipeline ``pipeline`` from the pipelines file ``path``, apply overrides, validate.
 
     A given ``path`` must exist. ``path=None`` reads ./pipelines.yaml if there is one, and else
-    gives the built-in defaults (pipeline "default" only).
+    gives the built-in defaults (pipeline "default" only). In a file, ``data.path`` and the
+    ``file.py:Name`` paths of ``env.name`` / ``env.tools`` are relative to that file's folder;
+    in ``overrides``, to the working directory.
     """
     if path is None and Path("pipelines.yaml").exists():
         path = "pipelines.yaml"

@@ -29,16 +29,18 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
     # EM per question type: which compositions an agent answers (a hop count mixes several)
     by_type: dict[str, list[float]] = defaultdict(list)
     for t, task in zip(trajs, tasks):
-        by_type[str(task.get("qtype", "?"))].append(t.metrics.get("em", 0.0))
+        if "qtype" in task and "em" in t.metric_aggs:  # tasks with a type, an environment that reports em
+            by_type[str(task["qtype"])].append(t.metrics.get("em", 0.0))
     out["em_by_qtype"] = {q: round(sum(v) / len(v), 4) for q, v in sorted(by_type.items())}
     return out
 
 
 def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:
-    """``{"all": {...}, "1hop": {...}, "2hop": {...}, ...}``."""
+    """``{"all": {...}, "1hop": {...}, "2hop": {...}, ...}`` (hop counts where the tasks have them)."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, task in enumerate(tasks):
-        groups[int(task.get("hops", 0))].append(i)
+        if "hops" in task:  # a task without hop counts is only in "all"
+            groups[int(task["hops"])].append(i)
     out = {"all": summarize(trajs, tasks)}
     for hops in sorted(groups):
         idx = groups[hops]

@@ -13,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from agent_r1.config import RunConfig
+from agent_r1.config import ConfigError, RunConfig, explicit_qtypes
 from agent_r1.context import make_context_manager
-from agent_r1.data import SPLITS, DataError, load_hotpotqa, write_corpus, write_questions
+from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
+                           write_tasks)
 from agent_r1.data.synthetic import generate, load_corpus, load_split
-from agent_r1.envs import ToolEnv, env_tools, make_env_factory
+from agent_r1.envs import MultiHopQAEnv, ToolEnv, env_tools, get_env, make_env_factory
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.models import build_tiny_model, load_model, train_tokenizer
 from agent_r1.progress import Progress
@@ -36,16 +37,18 @@ def prepare_data(cfg: RunConfig) -> Path:
     ``dev.jsonl`` (the dev questions become the test split) or one file (test split only, no
     training questions: no train.parquet, for evaluation alone). The corpus is every context paragraph of the loaded questions.
 
-    ``data.source: jsonl`` reads a folder ``data.path`` with ``corpus.jsonl``, ``train.jsonl``
-    and ``test.jsonl`` in agent_r1.data's schema (CORPUS_COLUMNS, QUESTION_COLUMNS; ``split``
-    may be left out), e.g. a custom task's data (examples/city_facts).
+    ``data.source: jsonl`` reads a folder ``data.path`` with ``train.jsonl`` and ``test.jsonl``
+    (task rows) and, when a tool reads one, ``corpus.jsonl`` (CORPUS_COLUMNS). Each row reaches
+    the environment's ``reset`` as written; it must have the fields the environment declares
+    (``TASK_FIELDS``: a QA environment needs the QA fields, another only its own). Errors name
+    the .jsonl file and its line, before any model loads.
     """
     out = cfg.out / "data"
     if cfg.data.source == "synthetic":
         generate(cfg.data.world()).write(out)
         return out
     if cfg.data.source == "jsonl":
-        return _prepare_jsonl(Path(cfg.data.path), out)
+        return _prepare_jsonl(Path(cfg.data.path), out, get_env(cfg.env.name))
     if not cfg.data.path:
         raise ValueError("data.path must name a HotpotQA file or folder when data.source is 'hotpotqa'")
     src = Path(cfg.data.path)
@@ -53,6 +56,9 @@ def prepare_data(cfg: RunConfig) -> Path:
     missing = [str(f) for f in files.values() if not f.exists()]
     if missing:
         raise FileNotFoundError(f"data.path: not found: {', '.join(missing)}")
+    folders = [str(f) for f in files.values() if f.is_dir()]
+    if folders:
+        raise DataError(f"data.path: {', '.join(folders)} is a folder, not a HotpotQA .jsonl/.json file")
     questions, corpora = {}, []
     for split, f in files.items():
         questions[split], corpus = load_hotpotqa(f, split=split)
@@ -66,11 +72,18 @@ def prepare_data(cfg: RunConfig) -> Path:
     return out
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
+def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
+    """The JSON objects of a .jsonl file and their line numbers (blank lines skipped)."""
     if not path.exists():
         raise FileNotFoundError(f"data.path: not found: {path}")
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    if not path.is_file():
+        raise DataError(f"{path}: is a folder, not a .jsonl file")
+    rows, lines = [], []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text: {e.reason}") from None
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -78,35 +91,92 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 raise DataError(f"{path}: line {i}: not JSON: {e.msg}") from None
             if not isinstance(rows[-1], dict):
                 raise DataError(f"{path}: line {i}: expected a JSON object")
-    return pd.DataFrame(rows)
+            lines.append(i)
+    return rows, lines
 
 
-def _prepare_jsonl(src: Path, out: Path) -> Path:
-    """corpus/train/test .jsonl of ``src`` → validated parquet under ``out``."""
-    tables = {name: _read_jsonl(src / f"{name}.jsonl") for name in ("corpus", *SPLITS)}
+def _prepare_jsonl(src: Path, out: Path, env_cls: type[ToolEnv]) -> Path:
+    """train/test (and corpus, when there is one) .jsonl of ``src`` → validated parquet under
+    ``out``; the task rows are kept as written (agent_r1.data.write_tasks)."""
+    if not src.is_dir():
+        raise DataError(f"data.path: {src} is not a folder (of train.jsonl, test.jsonl and optionally corpus.jsonl)")
+    tables = {split: _read_jsonl(src / f"{split}.jsonl") for split in SPLITS}
+    ids = [{str(r["id"]) for r in rows if "id" in r} for rows, _ in tables.values()]
+    if shared := set.intersection(*ids):
+        raise DataError(f"{src / (SPLITS[-1] + '.jsonl')}: {len(shared)} task id(s) also in {src / (SPLITS[0] + '.jsonl')}, "
+                        f"e.g. {min(shared)!r}: a task must be in one split only")
     out.mkdir(parents=True, exist_ok=True)
-    write_corpus(tables.pop("corpus"), out / "corpus.parquet")
-    for split, df in tables.items():
-        write_questions(df.assign(split=split) if "split" not in df else df, out / f"{split}.parquet")
+    (out / "corpus.parquet").unlink(missing_ok=True)
+    if (src / "corpus.jsonl").exists():
+        rows, _ = _read_jsonl(src / "corpus.jsonl")
+        write_corpus(pd.DataFrame(rows), out / "corpus.parquet")
+    qa = issubclass(env_cls, MultiHopQAEnv)
+    for split, (rows, lines) in tables.items():
+        source = str(src / f"{split}.jsonl")
+        write_tasks(rows, out / f"{split}.parquet", split, tuple(env_cls.TASK_FIELDS), source, lines)
+        if qa:  # the QA fields' types, named by the line they are on
+            validate_questions(pd.DataFrame(task_records(pd.read_parquet(out / f"{split}.parquet"))), source, lines)
     return out
 
 
+def _select(df: pd.DataFrame, hops: list[int], qtypes) -> list[pd.Series]:
+    """The row selections of ``hops`` and ``qtypes`` where the data has those fields: every row
+    when it has neither (a filter belongs to the data that has its field)."""
+    has_hops, has_qtype = "hops" in df.columns, "qtype" in df.columns
+    if has_hops:
+        not_hops = ~df["hops"].isin(hops)
+        return [df["hops"] == h for h in hops] + ([(df["qtype"] == q) & not_hops for q in qtypes] if has_qtype else [])
+    if has_qtype and qtypes:
+        return [df["qtype"] == q for q in qtypes]
+    return [pd.Series(True, index=df.index)]
+
+
 def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed: int = 0, qtypes: list[str] = ()) -> list[dict]:
-    """Rows with the given hop counts (or question types) as task dicts, at most ``limit`` per group."""
-    groups = [df["hops"] == h for h in hops] + [(df["qtype"] == q) & ~df["hops"].isin(hops) for q in qtypes]
+    """Rows with the given hop counts (or question types) as task dicts, at most ``limit`` per
+    group. Data without ``hops`` (or ``qtype``) is not filtered by them (see :func:`_select`)."""
     parts = []
-    for sel in groups:
+    for sel in _select(df, hops, qtypes):
         part = df[sel]
         if limit is not None and len(part) > limit:
             part = part.sample(n=limit, random_state=seed)
         parts.append(part)
     if not parts:
         return []
-    out = pd.concat(parts).to_dict("records")
-    for t in out:
-        for k in ("answers", "gold_titles", "search_chain"):
-            if k in t:
-                t[k] = list(t[k])
+    return task_records(pd.concat(parts))
+
+
+def _source(cfg: RunConfig, split: str) -> str:
+    """Where a split's rows came from, as the user named it (for error messages)."""
+    if cfg.data.source == "synthetic":
+        return f"the synthetic {split} split"
+    src = Path(cfg.data.path)
+    if cfg.data.source == "hotpotqa":
+        return str(src / {"train": "train.jsonl", "test": "dev.jsonl"}[split]) if src.is_dir() else str(src)
+    return str(src / f"{split}.jsonl")
+
+
+def selection_problems(cfg: RunConfig, data_dir: Path) -> list[str]:
+    """What sft.hops/qtypes, rl.hops/qtypes and eval.hops select in the prepared data: a filter
+    on a field the data has must name values it has, and select something."""
+    out = []
+    splits = {"sft": "train", "rl": "train", "eval": cfg.eval.split}
+    for section, split in splits.items():
+        path = data_dir / f"{split}.parquet"
+        if not path.exists() or (section == "sft" and cfg.sft.worlds):
+            continue
+        df = load_split(data_dir, split)
+        sec = getattr(cfg, section)
+        where = _source(cfg, split)
+        qtypes = [q for key, names in explicit_qtypes(cfg).items() if key.startswith(section) for q in names]
+        if "qtype" in df.columns and qtypes:
+            bad = sorted(set(qtypes) - set(df["qtype"]))
+            if bad:
+                out.append(f"{section}.qtypes: {where} has no tasks of question type(s) {bad}; "
+                           f"its types: {sorted(set(df['qtype']))}")
+        if not tasks_for(df, sec.hops, qtypes=list(getattr(sec, "qtypes", []))) and not (section == "sft" and cfg.sft.scarce):
+            have = sorted(set(int(h) for h in df["hops"])) if "hops" in df.columns else "none"
+            out.append(f"{section}.hops / {section}.qtypes: select no task of {where} "
+                       f"(hops {sec.hops}, qtypes {list(getattr(sec, 'qtypes', []))}; its hop counts: {have})")
     return out
 
 
@@ -144,14 +214,28 @@ def initial_model(cfg: RunConfig, data_dir: Path, tools: list[Tool]) -> tuple[to
     syntax get their own merges)."""
     if cfg.model.name_or_path:
         return load_model(cfg.model.name_or_path)
-    corpus = load_corpus(data_dir)
     train = load_split(data_dir, "train")
-    texts = list(corpus["text"]) + list(corpus["title"]) + list(train["question"])
+    texts = []
+    if (data_dir / "corpus.parquet").exists():
+        corpus = load_corpus(data_dir)
+        texts += list(corpus["text"]) + list(corpus["title"])
+    texts += list(train["question"]) if "question" in train.columns else [
+        s for task in task_records(train) for s in _strings(task)]
     env = make_env_factory(cfg.env, tools)()
-    for task in tasks_for(train, sorted(train["hops"].unique()), limit=20, seed=cfg.seed):
+    hops = sorted(train["hops"].unique()) if "hops" in train.columns else []
+    for task in tasks_for(train, hops, limit=20, seed=cfg.seed):
         texts += [text + "".join(o["content"] for o in obs) for text, obs in oracle_episode(env, task)[1]]
     tokenizer = train_tokenizer(texts, vocab_size=cfg.model.tiny.vocab_size)
     return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed), tokenizer
+
+
+def _strings(value) -> list[str]:
+    """The text in a task (its string values, nested ones too), for the tiny model's tokenizer."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
 
 
 def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.DataFrame) -> list:
@@ -173,13 +257,16 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
                                       max_output_chars=cfg.env.max_output_chars)
             tools = [search if t.name == search.name else t for t in agent.tools]  # this world's search
             sources.append((world.questions, dataclasses.replace(agent, tools=tools)))
-    demos = []
+    demos, n_tasks = [], 0
     for df, source in sources:
         tasks = tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
         for qtype, n in cfg.sft.scarce.items():
             tasks += tasks_for(df, [], limit=n, seed=cfg.seed, qtypes=[qtype])
+        n_tasks += len(tasks)
         env = source.make_env()
         demos += [d for t in tasks if (d := demonstration(env, t, context)) is not None]
+    if not n_tasks:
+        raise ConfigError(f"sft.hops / sft.qtypes: select no training task (hops {cfg.sft.hops}, qtypes {cfg.sft.qtypes})")
     if not demos:
         raise ValueError(f"the environment {cfg.env.name!r} gave no oracle demonstration for the sft.hops / sft.qtypes "
                          "questions: define its oracle_turns(task) for the SFT cold start")

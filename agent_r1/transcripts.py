@@ -8,8 +8,12 @@ from agent_r1.trajectory import Trajectory
 def transcript(traj: Trajectory, task: dict | None = None) -> str:
     """One episode as markdown (what the agent wrote, what the tools returned, how it scored)."""
     lines = [f"### {traj.task_id}"]
-    if task:
-        lines += [f"**Question:** {task.get('question', '?')}", f"**Gold:** {', '.join(task.get('answers', []))}"]
+    if task:  # a QA task's question and answers; another task's own fields
+        shown = {k: v for k, v in task.items() if k not in ("id", "split")}
+        lines.append(f"**Question:** {task['question']}" if "question" in task else f"**Task:** {shown!r}"[:500])
+        answers = task.get("answers")
+        if answers:
+            lines.append(f"**Gold:** {', '.join(map(str, answers)) if isinstance(answers, list) else answers}")
     for i, step in enumerate(traj.steps, 1):
         flags = [f for f, on in (("format error", step.format_error), ("cut at max_new_tokens", step.hit_max_new_tokens),
                                  (f"{step.tool_errors} tool error(s)", step.tool_errors)) if on]
@@ -18,8 +22,8 @@ def transcript(traj: Trajectory, task: dict | None = None) -> str:
         for obs in step.observation:
             lines += [f"> **{obs.get('name') or obs.get('role', 'tool')}:** " + str(obs.get("content", "")).replace("\n", "\n> ")]
     m = traj.metrics
-    lines += ["", f"**Answer:** {m.get('answer')!r} · EM {m.get('em', 0):.0f} · F1 {m.get('f1', 0):.2f} · "
-                  f"reward {traj.total_reward:.2f} · tool calls {m.get('tool_calls', 0)}"]
+    scores = "".join(f"{name} {m[key]:{fmt}} · " for key, name, fmt in (("em", "EM", ".0f"), ("f1", "F1", ".2f")) if key in m)
+    lines += ["", f"**Answer:** {m.get('answer')!r} · {scores}reward {traj.total_reward:.2f} · tool calls {m.get('tool_calls', 0)}"]
     return "\n".join(lines)
 
 

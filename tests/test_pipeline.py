@@ -208,7 +208,7 @@ def test_retrieval_recall_by_question_type():
 
 def test_hotpotqa_folder_is_prepared_with_train_and_test_splits(tmp_path):
     cfg = load_config("default", "pipelines.yaml", parse_overrides(
-        [f"output_dir={tmp_path}", "data.source=hotpotqa", f"data.path={HOTPOTQA}", "sft.worlds=0"]))
+        [f"output_dir={tmp_path}", "data.source=hotpotqa", f"data.path={HOTPOTQA}", "sft.worlds=0", "sft.hops=[2]"]))
     info = stages.prepare(cfg)
     assert info["train_questions"] == 300 and info["test_questions"] == 300
     from agent_r1.data.synthetic import load_corpus, load_split

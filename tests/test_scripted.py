@@ -30,3 +30,48 @@ def test_scripted_turns_get_their_true_logprobs_and_none_samples(tok, make_model
     assert 1 <= len(sampled.ids) <= 5 and len(sampled.logprobs) == len(sampled.ids)
     with pytest.raises(ValueError, match="2 turns for 1 contexts"):
         ScriptedEngine(tok, [["a", "b"]]).generate([[1]], SamplingParams())
+
+
+def test_the_docstring_example_runs_as_a_doctest():
+    import doctest
+
+    import agent_r1.rollout.scripted as scripted
+
+    result = doctest.testmod(scripted)
+    assert result.attempted >= 10 and result.failed == 0, result
+
+
+def test_a_prompt_that_leaves_no_room_for_a_turn_is_a_clear_error():
+    """The tool schemas in the prompt (env.tool_schemas to the context manager) can take the
+    whole budget: every episode would end on turn 1 with 'token_budget'; that is an error naming
+    the sizes, not a silent zero reward."""
+    from agent_r1.context import ContextManager
+    from agent_r1.envs import ToolEnv
+    from agent_r1.models import train_tokenizer
+    from agent_r1.rollout import SamplingParams, ScriptedEngine, run_episodes
+    from agent_r1.tools import tool
+
+    @tool(thread_safe=True)
+    def lookup(city: str) -> str:
+        """Look up a city's population.
+
+        Args:
+            city: The city's name.
+        """
+        return "12000"
+
+    tasks = [{"id": "q1", "question": "How many people live in Lorvik?"}]
+    tokenizer = train_tokenizer([t["question"] for t in tasks], vocab_size=300)
+    env = ToolEnv([lookup], max_turns=3)
+    engine = ScriptedEngine(tokenizer, ["<answer>12000</answer>"])
+    context = ContextManager(tokenizer, env.tool_schemas)
+    prompt = len(context.start(env.reset(tasks[0])).prompt_ids)
+    from agent_r1.rollout.loop import ContextBudgetError
+
+    with pytest.raises(ContextBudgetError, match=rf"the prompt of every task is at least {prompt} tokens \(1 tool schemas in it\); with max_new_tokens=16 "
+                                         rf"that is more than max_context_tokens={prompt}"):
+        run_episodes(engine, lambda: ToolEnv([lookup], max_turns=3), tasks, context, SamplingParams(max_new_tokens=16),
+                     max_context_tokens=prompt)
+    trajs = run_episodes(engine, lambda: ToolEnv([lookup], max_turns=3), tasks, context, SamplingParams(max_new_tokens=16),
+                         max_context_tokens=prompt + 16)
+    assert trajs[0].metrics["stop_reason"] == "answer" and trajs[0].final_reward == 0.0

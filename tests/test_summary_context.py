@@ -112,3 +112,18 @@ def test_estimators_and_losses_are_chosen_by_import_path(tmp_path):
         load_config("default", "pipelines.yaml", parse_overrides([f"rl.algorithm={path}:unregistered"]))
     with pytest.raises(ConfigError, match="rl.advantage_settings: .*'scal'"):
         load_config("default", "pipelines.yaml", parse_overrides([f"rl.algorithm={path}:my_rloo", "rl.advantage_settings={scal: 2}"]))
+
+
+def test_import_paths_in_a_config_file_are_relative_to_that_file(tmp_path):
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "algos2.py").write_text(
+        "from agent_r1.algorithms import register_advantage, rloo\n\n"
+        "@register_advantage('rloo_from_a_file_beside_the_config', needs_groups=True)\n"
+        "def mine(inp):\n    return rloo(inp)\n")
+    (tmp_path / "plug" / "ctx2.py").write_text("from agent_r1.context import Summary\n\nclass Mine(Summary):\n    pass\n")
+    (tmp_path / "plug" / "p.yaml").write_text(
+        "pipelines:\n  mine:\n    extends: agent-r1:tiny\n    rl: {algorithm: algos2.py:mine}\n"
+        "    env: {context: ctx2.py:Mine, context_kwargs: {budget: 64}}\n")
+    cfg = load_config("mine", tmp_path / "plug" / "p.yaml")  # the working directory is the repository
+    assert cfg.rl.algorithm == "rloo_from_a_file_beside_the_config"
+    assert cfg.env.context == f"{tmp_path / 'plug' / 'ctx2.py'}:Mine"

@@ -32,6 +32,8 @@ from agent_r1.data.synthetic import CORPUS_COLUMNS, QUESTION_COLUMNS, DataError
 __all__ = ["load_hotpotqa"]
 
 
+HOTPOTQA_QTYPES = ("bridge", "comparison")  # the question types (``type``) HotpotQA has
+
 def _decode(data: bytes, path: Path, first_line: int = 1) -> str:
     try:
         return data.decode("utf-8")

@@ -223,6 +223,15 @@ _INVENTORY_SIZES = {
 _INVENTORY: dict[int, dict[str, list[str]]] = {}
 
 
+def name_capacity(name_words: int) -> dict[str, int]:
+    """The most entities of each WorldConfig count the name inventory can name (``n_films``,
+    ``n_directors``: each also has a spouse, ``n_studios``, ``n_cities``)."""
+    sizes = _INVENTORY_SIZES[name_words]
+    people = sizes["person"] if name_words == 1 else sizes["first"] * sizes["last"]
+    films = sizes["film"] if name_words == 1 else sizes["film_a"] * sizes["film_b"]
+    return {"n_films": films, "n_directors": people // 2, "n_studios": sizes["studio"], "n_cities": sizes["city"]}
+
+
 def _inventory(name_words: int = 2) -> dict[str, list[str]]:
     if name_words not in _INVENTORY:
         words = _Words(random.Random(_INVENTORY_SEED))
@@ -411,10 +420,11 @@ class DataError(ValueError):
     """Bad input data; the message names the file and the line, record or row."""
 
 
-def _bad(source: str, row: int, column: str, problem: str, value: Any) -> DataError:
+def _bad(source: str, row: int, column: str, problem: str, value: Any, lines: list[int] | None = None) -> DataError:
     shown = repr(value)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return DataError(f"{source}: row {row}: column {column!r}: {problem} (got {shown})")
+    where = f"line {lines[row]}: field" if lines else f"row {row}: column"
+    return DataError(f"{source}: {where} {column!r}: {problem} (got {shown})")
 
 
 def _check_columns(df: pd.DataFrame, columns: tuple[str, ...], source: str) -> None:
@@ -432,31 +442,33 @@ def _str_list(value: Any) -> list | None:
     return None
 
 
-def validate_questions(df: pd.DataFrame, source: str = "questions") -> pd.DataFrame:
+def validate_questions(df: pd.DataFrame, source: str = "questions", lines: list[int] | None = None) -> pd.DataFrame:
     """Check a question table; return a clean copy (QUESTION_COLUMNS, python lists, int hops).
 
-    Raises ValueError naming ``source``, the row index and the column of the first bad value.
+    Raises ValueError naming ``source``, the row index (or its line in ``source``, given
+    ``lines``) and the column of the first bad value.
     """
     _check_columns(df, QUESTION_COLUMNS, source)
+    _bad_at = _bad if lines is None else (lambda *a: _bad(*a, lines=lines))
     cols = {c: df[c].tolist() for c in QUESTION_COLUMNS}
     seen: set[str] = set()
     for i in range(len(df)):
         for c in ("id", "question", "qtype", "split"):
             v = cols[c][i]
             if not isinstance(v, str) or not v.strip():
-                raise _bad(source, i, c, "expected a non-empty string", v)
+                raise _bad_at(source, i, c, "expected a non-empty string", v)
         if cols["id"][i] in seen:
-            raise _bad(source, i, "id", "duplicate id", cols["id"][i])
+            raise _bad_at(source, i, "id", "duplicate id", cols["id"][i])
         seen.add(cols["id"][i])
         for c in ("answers", "gold_titles", "search_chain"):
             lst = _str_list(cols[c][i])
             if lst is None:
-                raise _bad(source, i, c, "expected a non-empty list of non-empty strings",
+                raise _bad_at(source, i, c, "expected a non-empty list of non-empty strings",
                            cols[c][i])
             cols[c][i] = lst
         h = cols["hops"][i]
         if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or h < 1:
-            raise _bad(source, i, "hops", "expected an integer >= 1", h)
+            raise _bad_at(source, i, "hops", "expected an integer >= 1", h)
         cols["hops"][i] = int(h)
     out = pd.DataFrame(cols, columns=list(QUESTION_COLUMNS))
     out["hops"] = out["hops"].astype("int64")
@@ -492,8 +504,87 @@ def write_corpus(df: pd.DataFrame, path: str | Path) -> None:
     pq.write_table(pa.Table.from_pandas(clean, schema=_CORPUS_SCHEMA, preserve_index=False), path)
 
 
+# A task table (a user's own rows, data.source: jsonl): every row kept as written, as JSON in
+# the column ``task`` (with ``id`` and ``split``), beside the columns the stages select on:
+# ``id``, ``split`` and, where every row has them, ``hops`` and ``qtype``.
+TASK_COLUMN = "task"
+FILTER_FIELDS = ("hops", "qtype")
+
+
+def write_tasks(rows: list[dict], path: str | Path, split: str, fields: tuple[str, ...] = (),
+                source: str = "tasks", lines: list[int] | None = None) -> None:
+    """Validate a split's task rows and write them to parquet as written (see ``TASK_COLUMN``).
+
+    Each row must have the ``fields`` the environment declares; ``id`` (default ``<split>-<n>``)
+    must be unique, ``split`` (default ``split``) must be ``split``; ``hops`` (an integer >= 1)
+    and ``qtype`` (a string) are in every row or in none. Errors name ``source`` and the line.
+    """
+    lines = lines or list(range(1, len(rows) + 1))
+    if not rows:
+        raise DataError(f"{source}: no tasks (the {split!r} split is empty)")
+    seen: set[str] = set()
+    out = []
+    for n, (row, line) in enumerate(zip(rows, lines)):
+        at = f"{source}: line {line}"
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise DataError(f"{at}: missing field(s) {missing}; the environment's TASK_FIELDS are {list(fields)}")
+        row = {"id": f"{split}-{n:05d}", **row}
+        row.setdefault("split", split)
+        if not isinstance(row["id"], str) or not row["id"].strip():
+            raise DataError(f"{at}: field 'id': expected a non-empty string (got {row['id']!r})")
+        if row["id"] in seen:
+            raise DataError(f"{at}: field 'id': duplicate id {row['id']!r}")
+        seen.add(row["id"])
+        if row["split"] != split:
+            raise DataError(f"{at}: field 'split': expected {split!r} (got {row['split']!r})")
+        h = row.get("hops", 1)
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            raise DataError(f"{at}: field 'hops': expected an integer >= 1 (got {h!r})")
+        if not isinstance(row.get("qtype", "q"), str) or not row.get("qtype", "q").strip():
+            raise DataError(f"{at}: field 'qtype': expected a non-empty string (got {row['qtype']!r})")
+        out.append(row)
+    table = {"id": [r["id"] for r in out], "split": [r["split"] for r in out]}
+    for f in FILTER_FIELDS:
+        has = [f in r for r in out]
+        if any(has) and not all(has):
+            line = lines[has.index(not has[0])]
+            raise DataError(f"{source}: line {line}: {'has' if not has[0] else 'has no'} field {f!r}, unlike line "
+                            f"{lines[0]}: {f} must be in every row or in none (it selects tasks: sft/rl/eval.{f})")
+        if all(has):
+            table[f] = [r[f] for r in out]
+    try:
+        table[TASK_COLUMN] = [json.dumps(r, ensure_ascii=False) for r in out]
+    except (TypeError, ValueError) as e:
+        raise DataError(f"{source}: a row cannot be stored as JSON: {e}") from None
+    pd.DataFrame(table).to_parquet(path, index=False)
+
+
+def task_records(df: pd.DataFrame) -> list[dict]:
+    """The rows of a split as task dicts: a task table's rows as written, a question table's
+    rows with python lists."""
+    if TASK_COLUMN in df.columns:
+        return [json.loads(t) for t in df[TASK_COLUMN]]
+    out = df.to_dict("records")
+    for t in out:
+        for k in ("answers", "gold_titles", "search_chain"):
+            if k in t:
+                t[k] = list(t[k])
+    return out
+
+
+def _validate_task_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    _check_columns(df, ("id", "split", TASK_COLUMN), source)
+    if df["id"].duplicated().any():
+        raise DataError(f"{source}: duplicate id {df['id'][df['id'].duplicated()].iloc[0]!r}")
+    return df
+
+
 def _read(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     if not path.exists():
+        if path.name == "corpus.parquet" and (path.parent / "train.parquet").exists():
+            raise DataError(f"{path}: the data has no corpus (no corpus.jsonl in data.path), but a tool of env.tools "
+                            "reads one: add data.path/corpus.jsonl, or use tools that need none")
         raise FileNotFoundError(f"{path} not found: run the prepare stage first (agent-r1 stage prepare)")
     try:
         return pq.read_table(path, columns=columns).to_pandas()
@@ -505,7 +596,8 @@ def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     """Read and validate ``<data_dir>/<split>.parquet``: at least one question, every row's
     ``split`` is ``split``, and no id is also in one of the other ``SPLITS`` of the folder."""
     path = Path(data_dir) / f"{split}.parquet"
-    df = validate_questions(_read(path), str(path))
+    df = _read(path)
+    df = _validate_task_table(df, str(path)) if TASK_COLUMN in df.columns else validate_questions(df, str(path))
     if df.empty:
         raise DataError(f"{path}: the {split!r} split has no questions")
     for i, v in enumerate(df["split"].tolist()):

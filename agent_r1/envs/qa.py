@@ -41,6 +41,7 @@ class MultiHopQAEnv(ToolEnv):
         "found_gold": Metric("gold documents the episode's searches retrieved"),
         "search_recall": Metric("share of the question's gold documents the searches retrieved"),
     }
+    TASK_FIELDS = ("question", "answers", "hops", "qtype", "gold_titles", "search_chain")  # the QA fields
     DEFAULT_TOOLS = ["search"]
     DEFAULT_SYSTEM_PROMPT = DEFAULT_SYSTEM_PROMPT
 

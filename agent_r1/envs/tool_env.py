@@ -52,8 +52,8 @@ class ToolEnv:
         these makes the turn a format error (``format_penalty`` added to its reward);
       - the turn that reaches ``max_turns`` without an answer ends the episode (``"max_turns"``).
 
-    Subclasses build prompts in `reset` and rewards in `step_reward` / `final_reward`, declare
-    the metrics ``final_reward`` reports in ``METRICS`` (agent_r1/envs/metrics.py: every one
+    Subclasses declare the fields of their tasks in ``TASK_FIELDS``, build prompts in `reset`
+    and rewards in `step_reward` / `final_reward`, declare the metrics ``final_reward`` reports in ``METRICS`` (agent_r1/envs/metrics.py: every one
     reaches the training metrics, the evaluation summary and MLflow), may give oracle turns for
     the SFT cold start in `oracle_turns`, and are built from a config by `from_config`.
     """
@@ -67,6 +67,10 @@ class ToolEnv:
         "timeouts": Metric("tool calls stopped by their timeout"),
         "truncated_tool_outputs": Metric("tool outputs cut at the tool's max_output_chars"),
     }
+    # The fields every task row must have (checked when the data is prepared, naming the file and
+    # line); a row's other fields reach `reset` too, as written. ToolEnv's own `reset` shows the
+    # task's ``prompt`` or ``question``.
+    TASK_FIELDS: ClassVar[tuple[str, ...]] = ()
     DEFAULT_TOOLS: ClassVar[list[str | dict]] = []  # the tools when the config's env.tools is null
     DEFAULT_SYSTEM_PROMPT: ClassVar[str | None] = None  # env.system_prompt: "default"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from agent_r1.algorithms import AdvantageInputs, get_advantage
-from agent_r1.config import RLConfig, RunConfig, parse_method
+from agent_r1.config import ConfigError, RLConfig, RunConfig, parse_method
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
@@ -176,6 +176,10 @@ class RLTrainer:
         reference when ``kl_coef > 0``, a critic when the estimator needs one, the training
         questions of ``rl.hops`` / ``rl.qtypes``; resumes from ``state/`` when it can."""
         data_dir = cfg.out / "data"
+        tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+        if not tasks:  # before any model loads
+            raise ConfigError(f"rl.hops / rl.qtypes: no training questions with rl.hops={cfg.rl.hops} or "
+                              f"rl.qtypes={cfg.rl.qtypes} in {cfg.data.path or 'the data'}")
         model, tokenizer = _load_start(cfg, tracker)
         agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
         lc = cfg.rl.learner
@@ -183,10 +187,6 @@ class RLTrainer:
         critic = ValueModel(_load_start(cfg, tracker)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
         learner = Learner(model, lc, reference=reference, critic=critic, precision=cfg.model.precision)
         engine = HFEngine(model, tokenizer, precision=cfg.model.precision)
-        tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
-        if not tasks:
-            raise ValueError(f"no training questions with rl.hops={cfg.rl.hops} or rl.qtypes={cfg.rl.qtypes} "
-                             f"in {data_dir}/train.parquet")
         return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl, max_new_tokens=cfg.env.max_new_tokens,
                    max_context_tokens=cfg.env.max_context_tokens, seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg))
 

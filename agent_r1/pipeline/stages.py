@@ -36,7 +36,8 @@ from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
                                      save_state, write_json)
 from agent_r1.progress import Progress
-from agent_r1.run import Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data, tasks_for
+from agent_r1.run import (Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data,
+                          selection_problems, tasks_for)
 from agent_r1.sft import sft as sft_loop
 from agent_r1.transcripts import transcripts
 
@@ -50,6 +51,9 @@ STAGES = ("prepare", "sft", "train", "evaluate", "register")
 def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
     """Write the dataset (parquet) and return its version and size."""
     data_dir = prepare_data(cfg)
+    problems = selection_problems(cfg, data_dir)  # before any model loads
+    if problems:
+        raise ConfigError("\n".join(problems))
     info = {"data_version": data_version(data_dir)}
     for split in ("train", cfg.eval.split):
         if (data_dir / f"{split}.parquet").exists():  # a single HotpotQA file has no training split
@@ -163,7 +167,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     test = load_split(data_dir, cfg.eval.split)
     tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
     if not tasks:
-        raise ValueError(f"no {cfg.eval.split} questions with eval.hops={cfg.eval.hops} in {data_dir}")
+        raise ConfigError(f"eval.hops: no {cfg.eval.split} task with eval.hops={cfg.eval.hops} in {cfg.data.path or data_dir}")
     path = cfg.out / "metrics" / "eval.json"
     results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
     for method, src in checkpoints.items():
@@ -216,6 +220,12 @@ class Plan:
     champion: str | None = None
 
 
+def use_runtime(cfg: RunConfig) -> None:
+    """Apply ``runtime``: torch's CPU threads (``runtime.threads``; null leaves torch's default)."""
+    if cfg.runtime.threads:
+        torch.set_num_threads(cfg.runtime.threads)
+
+
 def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Progress | None = None,
                  runner: Runner = DIRECT) -> dict:
     """The stage sequence, in this process, into one MLflow run (when ``tracker`` is given).
@@ -224,6 +234,7 @@ def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Pr
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
     RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
     """
+    use_runtime(cfg)
     log.info("pipeline %s: seed %d, %s, precision %s (model.precision: %s), %d torch threads, output %s",
              cfg.name, cfg.seed, default_device(), computed_precision(cfg), cfg.model.precision,
              torch.get_num_threads(), cfg.out)

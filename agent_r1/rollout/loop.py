@@ -60,6 +60,7 @@ def run_episodes(
             raise
         except Exception as e:  # noqa: BLE001 - one broken task must not cost the batch
             _env_error(trajs[i], envs[i], e)
+    _check_room(ctxs, context, params, max_context_tokens)
     turn = 0
     while active:
         if on_turn:
@@ -78,6 +79,28 @@ def run_episodes(
         active = still
         turn += 1
     return trajs
+
+
+class ContextBudgetError(ValueError):
+    """No episode's prompt leaves room for a turn within the context budget (a config problem)."""
+
+
+def _check_room(ctxs: dict, context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> None:
+    """A prompt that leaves no room for a turn of ``max_new_tokens``: an error when it is every
+    episode's (they would all end on turn 1 with 'token_budget', reward 0), a warning for some."""
+    if not max_context_tokens or not ctxs:
+        return
+    sizes = {i: len(context.context_ids(c)) for i, c in ctxs.items()}
+    full = [i for i, n in sizes.items() if n + params.max_new_tokens > max_context_tokens]
+    if not full:
+        return
+    tools = f" ({len(context.tools)} tool schemas in it)" if getattr(context, "tools", None) else ""
+    if len(full) == len(sizes):
+        raise ContextBudgetError(f"the prompt of every task is at least {min(sizes.values())} tokens{tools}; with max_new_tokens="
+                         f"{params.max_new_tokens} that is more than max_context_tokens={max_context_tokens}: every episode "
+                         "would end before its first turn. Raise the budget (env.max_context_tokens) or shorten the prompt")
+    log.warning("%d of %d prompts leave no room for a turn of max_new_tokens=%d within max_context_tokens=%d: "
+                "those episodes end on turn 1 (token_budget)", len(full), len(sizes), params.max_new_tokens, max_context_tokens)
 
 
 def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: ContextManager,

@@ -1,13 +1,33 @@
 """`ScriptedEngine`: a rollout engine that plays fixed assistant turns.
 
 For tests and docs: drive an environment through :func:`agent_r1.rollout.run_episodes` with
-turns you wrote, no model needed::
+turns you wrote, no model needed (this example runs as a doctest, tests/test_scripted.py)::
 
-    engine = ScriptedEngine(tokenizer, [
-        '<tool_call>{"name": "lookup", "arguments": {"city": "Lorvik"}}</tool_call>',  # turn 1
-        "<answer>12000</answer>",                                                     # turn 2
-    ])
-    trajs = run_episodes(engine, make_env, tasks, context, SamplingParams())
+    >>> from agent_r1.context import ContextManager
+    >>> from agent_r1.envs import ToolEnv
+    >>> from agent_r1.models import train_tokenizer
+    >>> from agent_r1.rollout import SamplingParams, ScriptedEngine, run_episodes
+    >>> from agent_r1.tools import tool
+    >>> @tool(thread_safe=True)
+    ... def lookup(city: str) -> str:
+    ...     '''Look up a city's population.
+    ...
+    ...     Args:
+    ...         city: The city's name.
+    ...     '''
+    ...     return {"Lorvik": "12000"}.get(city, "no such city")
+    >>> tasks = [{"id": "q1", "question": "How many people live in Lorvik?"}]
+    >>> tokenizer = train_tokenizer([t["question"] for t in tasks], vocab_size=300)
+    >>> engine = ScriptedEngine(tokenizer, [
+    ...     '<tool_call>{"name": "lookup", "arguments": {"city": "Lorvik"}}</tool_call>',  # turn 1
+    ...     "<answer>12000</answer>",                                                     # turn 2
+    ... ])
+    >>> make_env = lambda: ToolEnv([lookup], max_turns=3)
+    >>> trajs = run_episodes(engine, make_env, tasks, ContextManager(tokenizer), SamplingParams())
+    >>> [step.observation for step in trajs[0].steps]
+    [[{'role': 'tool', 'name': 'lookup', 'content': '12000'}], []]
+    >>> trajs[0].metrics["answer"], trajs[0].metrics["stop_reason"], trajs[0].metrics["tool_calls"]
+    ('12000', 'answer', 1)
 
 ``script[k]`` is what the ``k``-th ``generate`` call returns: one turn for every context, or a
 list with one entry per context (the episodes still running, in order). A turn is text

@@ -25,7 +25,9 @@ cannot be stopped (one that hangs is abandoned and keeps running in the backgrou
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -57,7 +59,7 @@ class ToolResult:
 class Tool:
     """One capability the agent can call. `parameters` is the JSON schema of `fn`'s arguments."""
 
-    fn: Callable[..., str | ToolOutput]
+    fn: Callable[..., str | ToolOutput]  # text (str, bytes, a number) or a ToolOutput; anything else is an error
     name: str
     description: str
     parameters: dict
@@ -187,6 +189,9 @@ def _call(tool: Tool, arguments: dict) -> ToolResult:
     try:
         output = tool.fn(**arguments)
         text, info = (output.text, output.info) if isinstance(output, ToolOutput) else (output, {})
+        if not isinstance(text, (str, bytes, bytearray, numbers.Number)):  # None, a generator, an object
+            return _failure(f"tool '{tool.name}' returned {type(text).__name__}, expected text (a str, bytes or a "
+                            "number, or a ToolOutput)")
         if not isinstance(info, dict):
             return _failure(f"tool '{tool.name}' returned info of type {type(info).__name__}, expected a dict")
         text, truncated = _truncate(as_text(text), tool.max_output_chars)
@@ -202,11 +207,17 @@ def _timeout(tool: Tool) -> ToolResult:
 def _in_thread(tool: Tool, arguments: dict) -> ToolResult:
     """Python cannot kill a thread: one that hangs past the timeout is abandoned (it keeps
     running in the background and dies with the process)."""
-    box: list[ToolResult] = []
-    worker = threading.Thread(target=lambda: box.append(_call(tool, arguments)), name=f"tool-{tool.name}", daemon=True)
+    box: list[tuple[ToolResult, float]] = []
+    start = time.monotonic()
+    worker = threading.Thread(target=lambda: box.append((_call(tool, arguments), time.monotonic() - start)),
+                              name=f"tool-{tool.name}", daemon=True)
     worker.start()
     worker.join(tool.timeout_s)
-    return box[0] if box else _timeout(tool)
+    # A tool that holds the GIL keeps join from returning on time: a result it took longer than
+    # the timeout to give is a timeout too.
+    if not box or box[0][1] > tool.timeout_s:
+        return _timeout(tool)
+    return box[0][0]
 
 
 def _child(conn, tool: Tool, arguments: dict) -> None:

@@ -1,6 +1,7 @@
 """The city_facts environment: answer questions about cities with ``lookup`` and ``calc``.
 
 A `ToolEnv` subclass shows each extension point of an environment:
+  - ``TASK_FIELDS``: the fields its task rows must have (a row's other fields reach ``reset`` too);
   - ``METRICS``: the metrics it reports (they reach the RL metrics, eval.json and MLflow);
   - ``step_reward``: a process reward, ``lookup_bonus`` the first time a city the question is
     about is looked up;
@@ -25,6 +26,7 @@ class CityFactsEnv(ToolEnv):
     """Tasks are rows with ``question``, ``answers``, ``qtype`` and ``gold_titles`` (the
     cities the question is about)."""
 
+    TASK_FIELDS = ("question", "answers", "qtype", "gold_titles")  # every row of data/*.jsonl has them
     DEFAULT_SYSTEM_PROMPT = (  # env.system_prompt: default (for a pretrained chat model)
         "Answer the question about cities. Look facts up with "
         '<tool_call>{"name": "lookup", "arguments": {"city": "..."}}</tool_call>, compute with '
