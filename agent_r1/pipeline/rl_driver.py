@@ -232,7 +232,13 @@ class RLTrainer:
         """The learner's update, then its new weights to the engine (a vLLM server; nothing to do
         for an engine that shares the learner's weights)."""
         stats = update(self.learner, batch, self.rng)
-        if sync_s := self.engine.sync_weights(self._write_weights):
+        try:
+            sync_s = self.engine.sync_weights(self._write_weights)
+        except EngineDied as e:  # restart once (from the last synced weights) and sync again
+            log.warning("RL %s: the rollout engine died during the weight sync (%s); restarting it", self.method, e)
+            self.engine.restart()
+            sync_s = self.engine.sync_weights(self._write_weights)
+        if sync_s:
             stats["time/weight_sync_s"] = sync_s
         return stats
 
