@@ -253,4 +253,4 @@ def test_train_with_vllm_restarts_a_dead_server_and_leaves_none(tmp_path):
     assert (out / "metrics" / "eval.json").exists()
     assert not _group(first) and _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
-    assert len(history) == 2 and all(h["rollout/logprob_gap"] < 0.05 for h in history), history
+    assert len(history) == 2 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
