@@ -308,6 +308,9 @@ class RunConfig(_Strict):
             problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
+        if self.rollout.engine == "vllm" and self.rollout.vllm.max_model_len < self.env.max_context_tokens:
+            problems.append(f"rollout.vllm.max_model_len: {self.rollout.vllm.max_model_len} is shorter than "
+                            f"env.max_context_tokens ({self.env.max_context_tokens})")
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -254,3 +254,10 @@ def test_train_with_vllm_restarts_a_dead_server_and_leaves_none(tmp_path):
     assert not _group(first) and _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
     assert len(history) == 2 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
+
+
+def test_config_rejects_a_server_context_shorter_than_the_episodes():
+    from agent_r1.config import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError), match="rollout.vllm.max_model_len"):
+        load_config("tiny", ROOT / "pipelines.yaml", {"rollout": {"engine": "vllm", "vllm": {"max_model_len": 256}}})
