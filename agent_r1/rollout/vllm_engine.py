@@ -101,6 +101,7 @@ class VLLMEngine(RolloutEngine):
             raise ValueError("VLLMEngine: give a server to start or the url of a running one (not both)")
         self.server, self.eos_id = server, eos_id
         self.max_concurrency, self.request_timeout_s = max_concurrency, request_timeout_s
+        self._weights = weights  # the last synced weights, owned (a restarted server loads them)
         try:
             if server is not None and server.proc is None:
                 server.start()
@@ -110,7 +111,6 @@ class VLLMEngine(RolloutEngine):
         self.url = (url or server.url).rstrip("/")
         if not healthy(self.url, timeout=10):
             raise ConnectionError(f"rollout.vllm.url: no healthy vLLM server at {self.url} (GET /health)")
-        self._weights = weights  # the last synced weights, owned (a restarted server loads them)
         self.reset()
 
     # ----------------------------------------------------------------------- the contract
