@@ -238,15 +238,19 @@ def test_train_with_vllm_restarts_a_dead_server_and_leaves_none(tmp_path):
     cmd = [sys.executable, "-m", "agent_r1.cli", "train", "-p", "tiny", "--config", "pipelines.yaml", *sets, "--no-track"]
     with open(tmp_path / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        t0 = time.monotonic()
-        while not (out / "state" / "rl_grpo" / "meta.json").exists():  # one RL iteration done
-            assert proc.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
-            assert time.monotonic() - t0 < 400, "no RL state after 400 s"
-            time.sleep(0.1)
-        first = _watchdog_of(proc.pid)
-        assert first and len(_group(first)) >= 2, "no vLLM server serving the run"
-        os.killpg(first, signal.SIGKILL)  # the server dies mid-run
-        proc.wait()
+        try:
+            t0 = time.monotonic()
+            while not (out / "state" / "rl_grpo" / "meta.json").exists():  # one RL iteration done
+                assert proc.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+                assert time.monotonic() - t0 < 900, "no RL state after 900 s"
+                time.sleep(0.1)
+            first = _watchdog_of(proc.pid)
+            assert first and len(_group(first)) >= 2, "no vLLM server serving the run"
+            os.killpg(first, signal.SIGKILL)  # the server dies mid-run
+            proc.wait(timeout=900)
+        finally:
+            proc.kill()  # a failed check leaves no trainer (its server's watchdog then ends the server)
+            proc.wait()
     text = (tmp_path / "train.log").read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "restarting it" in text, text[-3000:]
