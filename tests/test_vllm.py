@@ -229,6 +229,7 @@ TRAIN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epoch
          "model.precision=fp32", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1", "rollout.vllm.max_model_len=1024"]
 
 
+@pytest.mark.timeout(1800)  # ~3 min on the 2-core machine; far longer when it is shared
 def test_train_with_vllm_restarts_a_dead_server_and_leaves_none(tmp_path):
     """``agent-r1 train -s rollout.engine=vllm`` runs to eval.json; its server, killed after the
     first iteration, is restarted once and the batch retried; no server is left after the run."""
