@@ -168,6 +168,8 @@ def test_weights_reach_the_server_after_an_update(served, tok):
     before = _served_logprobs(engine, ctx, cont)
     assert max(abs(a - b) for a, b in zip(before, _learner_logprobs(model, ctx, cont))) < TOL
     updated = _policy(tok, 5)  # the learner's weights after an update
+    stale = Path("/dev/shm/agent-r1-weights.999999999.test")  # left by a SIGKILLed trainer (no such pid)
+    stale.mkdir(parents=True, exist_ok=True)
     try:
         seconds = engine.sync_weights(lambda folder: save_hf_checkpoint(updated, folder, tok))
         after = _served_logprobs(engine, ctx, cont)
@@ -175,6 +177,7 @@ def test_weights_reach_the_server_after_an_update(served, tok):
         assert max(abs(a - b) for a, b in zip(after, want)) < TOL
         assert max(abs(a - b) for a, b in zip(after, before)) > 0.1  # it did change
         assert seconds > 0 and engine._weights.exists() and str(engine._weights).startswith("/dev/shm")
+        assert not stale.exists()
     finally:
         engine.sync_weights(lambda folder: save_hf_checkpoint(model, folder, tok))  # back to the module's policy
 

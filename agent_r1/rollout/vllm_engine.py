@@ -23,6 +23,7 @@ started by the pipeline (:class:`~agent_r1.rollout.vllm_server.VLLMServer`) or r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import urllib.error
@@ -82,15 +83,31 @@ def untie(folder: Path) -> None:
 def served_copy(model: str | Path) -> Path:
     """A copy of the HF folder ``model`` for a server to start from (untied, :func:`untie`), in a
     temporary folder on ``/dev/shm`` where it exists; :class:`VLLMEngine` deletes it."""
-    folder = Path(tempfile.mkdtemp(prefix="agent-r1-weights.", dir=shm_dir())) / "model"
+    folder = weights_dir() / "model"
     shutil.copytree(model, folder)
     untie(folder)
     return folder
 
 
-def shm_dir() -> str | None:
-    """``/dev/shm`` where it exists (weights written to memory, not disk), else the default temp dir."""
-    return "/dev/shm" if Path("/dev/shm").is_dir() else None
+def weights_dir() -> Path:
+    """A new temporary folder for weights: on ``/dev/shm`` where it exists (memory, not disk), named
+    after this process; the folders of processes that are gone (killed with SIGKILL) are removed."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    for old in base.glob("agent-r1-weights.*.*"):
+        pid = old.name.split(".")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"agent-r1-weights.{os.getpid()}.", dir=base))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class VLLMEngine(RolloutEngine):
@@ -170,7 +187,7 @@ class VLLMEngine(RolloutEngine):
         import time
 
         t0 = time.perf_counter()
-        folder = Path(tempfile.mkdtemp(prefix="agent-r1-weights.", dir=shm_dir()))
+        folder = weights_dir()
         try:
             write(folder / "model")
             untie(folder / "model")
