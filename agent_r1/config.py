@@ -226,6 +226,36 @@ class RLConfig(_Strict):
         return method_name(self.algorithm, self.loss_mask, self.adv_mask)
 
 
+class VLLMConfig(_Strict):
+    url: str | None = None
+    """A vLLM server run elsewhere (e.g. http://gpu-host:8000, started as README's GPU section says); null: the
+    pipeline starts one from .venv-vllm on a free port of 127.0.0.1 and stops it at the end."""
+    python: str = ".venv-vllm/bin/python"
+    """The Python of the environment the server is started from (`make vllm` creates it); relative to the repo root."""
+    max_model_len: int = Field(2048, ge=16)
+    """The server's context length (prompt + new tokens)."""
+    kv_cache_gb: float = Field(2.0, gt=0)
+    """KV cache memory of a CPU server in GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU use extra_args (--gpu-memory-utilization)."""
+    enforce_eager: bool = True
+    """Skip vLLM's graph capture (--enforce-eager): the server starts in ~30 s instead of ~2 min on a CPU."""
+    extra_args: list[str] = []
+    """Further options of the vLLM server, e.g. [--gpu-memory-utilization, "0.5"]."""
+    startup_timeout_s: float = Field(600.0, gt=0)
+    """Seconds to wait for the started server's /health before failing with its last log lines."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Seconds one completion request may take before the server counts as dead (restarted once)."""
+    max_concurrency: int = Field(64, ge=1)
+    """Completion requests in flight at once (one per context; the server batches them)."""
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf", "vllm"] = "hf"
+    """What samples the RL rollouts: hf (transformers in process, sharing the learner's weights) or vllm (a vLLM
+    server, weights synced after every update; `make vllm` first)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """The vLLM server (rollout.engine: vllm)."""
+
+
 class EvalConfig(_Strict):
     split: Literal["train", "test"] = "test"  # a split the prepare stage writes (data.SPLITS)
     """Split evaluated (one the prepare stage writes)."""
@@ -276,6 +306,8 @@ class RunConfig(_Strict):
     """The supervised cold start on oracle demonstrations."""
     rl: RLConfig = RLConfig()
     """End-to-end RL."""
+    rollout: RolloutConfig = RolloutConfig()
+    """The engine that samples the RL rollouts (hf or a vLLM server)."""
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation."""
     registry: RegisterConfig = RegisterConfig()
@@ -312,6 +344,9 @@ class RunConfig(_Strict):
             problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
+        if self.rollout.engine == "vllm" and self.rollout.vllm.max_model_len < self.env.max_context_tokens:
+            problems.append(f"rollout.vllm.max_model_len: {self.rollout.vllm.max_model_len} is shorter than "
+                            f"env.max_context_tokens ({self.env.max_context_tokens})")
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -5,7 +5,17 @@
     python bench/rollout.py --n 32 --batch-sizes 8 32 --repeats 5 --threads 1
     python bench/rollout.py --model smollm2 --precisions fp32 bf16 --n 16 --serial-n 4 --batch-sizes 16 --threads 1
 
-Builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
+    python bench/rollout.py --engines hf vllm      # HFEngine vs a vLLM server on SmolLM2 (make vllm first)
+
+``--engines hf vllm`` compares the rollout engines instead (:func:`compare_engines`): SmolLM2-135M
+(fp32) behind each engine as the pipeline builds it (``rl_driver.make_engine``), one engine after
+the other, on (1) the default pipeline's RL rollout: its environment, tools, prompt and sampling,
+8 questions x group 8 = 64 episodes of up to 3 turns, and (2) a long-context workload: 16
+histories of 1,000-1,200 tokens, 3 turns each, every turn appending its ids and a ~100-token
+observation. It reports new tokens/s, prefill reuse and wall time per engine and workload; the
+last line is ``ratio_vllm_over_hf_tokens_per_s: X.XX`` for the pipeline workload.
+
+Otherwise it builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
 tokenizer trained on the synthetic QA world's text, and N contexts of 100-200 tokens (varied
 lengths, cut from that text and ending in an assistant-turn header). Then, per repeat and side by
 side in the same process:
@@ -108,6 +118,9 @@ def parse_args(argv=None):
                         "that runs over is dropped)")
     p.add_argument("--omp-wait-policy", choices=["passive", "active"],
                    help="set OMP_WAIT_POLICY before torch loads (default: the environment's; libgomp spins, then sleeps)")
+    p.add_argument("--engines", nargs="+", choices=["hf", "vllm"],
+                   help="compare these rollout engines on SmolLM2 (the pipeline and long-context workloads) instead")
+    p.add_argument("--long-n", type=int, default=16, help="with --engines: histories of the long-context workload")
     g = p.add_argument_group("model (defaults: TinyModelConfig)")
     g.add_argument("--vocab", type=int, default=d.vocab_size)
     g.add_argument("--hidden", type=int, default=d.hidden_size)
@@ -158,9 +171,88 @@ def serial_generate(model, contexts, params: SamplingParams, eos_id: int, pad_id
     return tokens
 
 
+def compare_engines(args) -> None:
+    """The rollout engines side by side on SmolLM2 (see the module docstring)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from agent_r1.config import load_config
+    from agent_r1.data.synthetic import load_split
+    from agent_r1.models import load_model, resolve_model
+    from agent_r1.pipeline.rl_driver import make_engine, rollout
+    from agent_r1.run import Agent, make_tools, prepare_data, tasks_for
+
+    out = Path(tempfile.mkdtemp(prefix="bench-rollout-engines."))
+    try:
+        cfg = load_config("default", overrides={"output_dir": str(out), "env": {"max_turns": 3},
+                                                "model": {"precision": "fp32"}})
+        prepare_data(cfg)
+        path = resolve_model(cfg.model.name_or_path)
+        model, tok = load_model(path)
+        model.eval()
+        agent = Agent(model, tok, make_tools(cfg, out / "data"), cfg)
+        tasks = tasks_for(load_split(out / "data", "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+        pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(args.seed))[: cfg.rl.tasks_per_iteration]
+        tasks = [tasks[i] for i in pick]
+        world = generate(WorldConfig(seed=args.seed))
+        texts = list(world.corpus["text"])
+        long_ctx = make_contexts(tok, texts, args.long_n, 1000, 1200, args.seed)
+        observations = make_contexts(tok, texts, 3 * args.long_n, 90, 110, args.seed + 1)
+        params = SamplingParams(cfg.rl.temperature, cfg.rl.top_p, cfg.env.max_new_tokens)
+        print(f"model: {path} (fp32); pipeline workload: {len(tasks)} questions x group {cfg.rl.group_size}, "
+              f"<= {cfg.env.max_turns} turns, max_new_tokens {cfg.env.max_new_tokens}; long-context workload: "
+              f"{args.long_n} histories of 1000-1200 tokens x 3 turns; torch threads {torch.get_num_threads()}",
+              flush=True)
+
+        def pipeline(engine):
+            torch.manual_seed(args.seed)
+            trajs = rollout(engine, agent.make_env, tasks, agent.context(), cfg.rl, cfg.env.max_new_tokens,
+                            cfg.env.max_context_tokens)
+            return sum(len(s.action_ids) for t in trajs for s in t.steps)
+
+        def long_context(engine):
+            torch.manual_seed(args.seed)
+            engine.reset()
+            ctxs, new = [list(c) for c in long_ctx], 0
+            for turn in range(3):
+                gens = engine.generate(ctxs, params)
+                new += sum(len(g.ids) for g in gens)
+                ctxs = [c + g.ids + observations[turn * len(ctxs) + i] for i, (c, g) in enumerate(zip(ctxs, gens))]
+            return new
+
+        rows = {}
+        for name in args.engines:
+            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
+            t0 = time.perf_counter()
+            engine = make_engine(ecfg, model, tok, path)
+            startup = time.perf_counter() - t0
+            try:
+                engine.generate(long_ctx[:2], SamplingParams(1.0, 1.0, 4))  # warm-up
+                for label, fn in (("pipeline", pipeline), ("long-context", long_context)):
+                    t0 = time.perf_counter()
+                    n = fn(engine)
+                    wall = time.perf_counter() - t0
+                    rows[(name, label)] = (n / wall, engine.stats().get("prefill_reused_share", 0.0), wall, n, startup)
+                    print(f"{name:5s} {label:13s} new tokens/s {n / wall:8.1f}  prefill reuse "
+                          f"{rows[(name, label)][1]:.2f}  wall {wall:7.1f} s  new tokens {n}  (engine start {startup:.1f} s)",
+                          flush=True)
+            finally:
+                engine.close()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if {"hf", "vllm"} <= set(args.engines):
+        for label in ("long-context", "pipeline"):  # the pipeline's ratio last
+            ratio = rows[("vllm", label)][0] / rows[("hf", label)][0]
+            key = "ratio_vllm_over_hf_tokens_per_s" + ("" if label == "pipeline" else "_long_context")
+            print(f"{key}: {ratio:.2f}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.engines:
+        return compare_engines(args)
     cfg = TinyModelConfig(
         vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
         num_kv_heads=args.kv_heads, intermediate_size=args.ffn,

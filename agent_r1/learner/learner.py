@@ -371,6 +371,10 @@ class Learner:
                 metrics["policy/kl"] = kl.detach()
             if cfg.entropy_coef > 0:
                 loss = loss - cfg.entropy_coef * entropy
+            if first_step and "sample_logprobs" in mb:  # before any step: the learner's old log-probs
+                act = mb["action_mask"] * mask.bool()
+                gap = ((logp.detach().float() - mb["sample_logprobs"]).abs() * act).sum() / act.sum().clamp(min=1)
+                metrics["rollout/logprob_gap"] = gap
             return loss, metrics
 
         def critic_loss_fn(mb):
@@ -384,12 +388,14 @@ class Learner:
         live = torch.zeros(len(batch["input_ids"]), dtype=torch.bool)
         live[self.policy_rows(batch)] = True
         history: dict[str, list[float]] = {}
+        first_step = True  # rollout/logprob_gap: |sampling - learner| log-probs, from the first step's forward
         for _ in range(cfg.ppo_epochs):
             for rows in self._minibatches(len(batch["input_ids"]), generator):
                 # a mini-batch with no live row still steps (Adam moves on a zero gradient)
                 compute = rows[live[rows]] if live[rows].any() else None
                 for k, v in self._accumulate(self.engine, batch, rows, "loss_mask", policy_loss_fn, compute).items():
                     history.setdefault(k, []).append(v)
+                first_step = False
                 if self.critic is not None:
                     for k, v in self._accumulate(self.critic, batch, rows, "adv_mask", critic_loss_fn).items():
                         history.setdefault(k, []).append(v)

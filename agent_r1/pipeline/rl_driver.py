@@ -35,7 +35,7 @@ from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete, mark_complete, resumable,
                                      save_state, write_json)
 from agent_r1.progress import Progress
-from agent_r1.rollout import HFEngine, RolloutEngine, SamplingParams, run_episodes
+from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
 from agent_r1.run import Agent, make_tools, tasks_for
 from agent_r1.trajectory import Trajectory, collate, to_sequences
 from agent_r1.transcripts import transcripts
@@ -168,6 +168,7 @@ class RLTrainer:
             torch.set_rng_state(client["torch_rng"])
             log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,
                      files.state)
+            self.engine.sync_weights(self._write_weights)  # the engine started from the start model
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -180,15 +181,21 @@ class RLTrainer:
         if not tasks:  # before any model loads
             raise ConfigError(f"rl.hops / rl.qtypes: no training questions with rl.hops={cfg.rl.hops} or "
                               f"rl.qtypes={cfg.rl.qtypes} in {cfg.data.path or 'the data'}")
-        model, tokenizer = _load_start(cfg, tracker)
+        start = _start_path(cfg, tracker)
+        model, tokenizer = load_model(start)
         agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
         lc = cfg.rl.learner
-        reference = _load_start(cfg, tracker)[0] if lc.kl_coef > 0 else None
-        critic = ValueModel(_load_start(cfg, tracker)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
+        reference = load_model(start)[0] if lc.kl_coef > 0 else None
+        critic = ValueModel(load_model(start)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
         learner = Learner(model, lc, reference=reference, critic=critic, precision=cfg.model.precision)
-        engine = HFEngine(model, tokenizer, precision=cfg.model.precision)
-        return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl, max_new_tokens=cfg.env.max_new_tokens,
-                   max_context_tokens=cfg.env.max_context_tokens, seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg))
+        engine = make_engine(cfg, model, tokenizer, start)
+        try:
+            return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
+                       max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
+                       seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg))
+        except BaseException:
+            engine.close()
+            raise
 
     @property
     def done(self) -> bool:
@@ -199,8 +206,21 @@ class RLTrainer:
         pick = torch.randperm(len(self.tasks), generator=self.rng)[: self.cfg.tasks_per_iteration].tolist()
         self._batch_tasks = [self.tasks[i] for i in pick]
         self._t0 = time.perf_counter()
-        trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
-                        self.max_new_tokens, self.max_context_tokens)
+        rng = torch.get_rng_state()
+        try:
+            trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
+                            self.max_new_tokens, self.max_context_tokens)
+        except EngineDied as e:  # restart once and retry the batch (same seeds); a second failure stops the run
+            log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", self.method, e)
+            self.engine.restart()
+            torch.set_rng_state(rng)
+            try:
+                trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
+                                self.max_new_tokens, self.max_context_tokens)
+            except EngineDied as e2:
+                where = f"; the last resumable state is {self.files.state}: run the same command again to resume" \
+                    if self.files is not None else ""
+                raise RuntimeError(f"the rollout engine died twice in iteration {self.iteration + 1} ({e2}){where}") from e2
         self._t_rollout = time.perf_counter() - self._t0
         return trajs
 
@@ -209,7 +229,25 @@ class RLTrainer:
         return annotate(self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
 
     def update(self, batch: dict) -> dict:
-        return update(self.learner, batch, self.rng)
+        """The learner's update, then its new weights to the engine (a vLLM server; nothing to do
+        for an engine that shares the learner's weights)."""
+        stats = update(self.learner, batch, self.rng)
+        try:
+            sync_s = self.engine.sync_weights(self._write_weights)
+        except EngineDied as e:  # restart once (from the last synced weights) and sync again
+            log.warning("RL %s: the rollout engine died during the weight sync (%s); restarting it", self.method, e)
+            self.engine.restart()
+            sync_s = self.engine.sync_weights(self._write_weights)
+        if sync_s:
+            stats["time/weight_sync_s"] = sync_s
+        return stats
+
+    def _write_weights(self, folder: Path) -> None:
+        self.learner.save(folder, self.tokenizer)
+
+    def close(self) -> None:
+        """Release the engine (stop a vLLM server this run started)."""
+        self.engine.close()
 
     def end_iteration(self, trajs: list[Trajectory], stats: dict) -> dict:
         """Record the iteration's metrics; save a resumable state when due."""
@@ -255,8 +293,44 @@ class RLTrainer:
         return runner.rl_finish(self)
 
 
-def _load_start(cfg: RunConfig, tracker=None) -> tuple[torch.nn.Module, object]:
-    """RL's starting model: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
+def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
+    """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner; ``vllm``
+    serves ``model_path`` (a folder of the same weights) from a server started here, or uses the one at
+    ``rollout.vllm.url``."""
+    if cfg.rollout.engine == "hf":
+        return HFEngine(model, tokenizer, precision=cfg.model.precision)
+    from agent_r1.rollout.vllm_engine import VLLMEngine, server_args, served_copy
+    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
+
+    vc = cfg.rollout.vllm
+    kw = {"max_concurrency": vc.max_concurrency, "request_timeout_s": vc.request_timeout_s}
+    if vc.url:
+        return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
+    python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
+    args = server_args(_vllm_dtype(cfg.model.precision), vc.max_model_len,
+                       (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    weights = served_copy(model_path)
+    server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
+                        startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log")
+    t0 = time.perf_counter()
+    engine = VLLMEngine(tokenizer.eos_token_id, server=server, weights=weights, **kw)
+    log.info("rollout: vLLM server %s healthy after %.1f s (log: %s)", server.url, time.perf_counter() - t0,
+             server.log_path)
+    return engine
+
+
+def _vllm_dtype(precision: str) -> str:
+    """The server's dtype for ``model.precision`` (auto: bf16 only on a GPU that computes it natively)."""
+    if precision == "auto":
+        from agent_r1.models import native_bf16
+
+        precision = "bf16" if torch.cuda.is_available() and native_bf16("cuda") else "fp32"
+    return {"fp32": "float32", "bf16": "bfloat16"}[precision]
+
+
+def _start_path(cfg: RunConfig, tracker=None) -> str:
+    """RL's starting model folder: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
     src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
     if src.startswith(("models:/", "runs:/")):
         if tracker is None:
@@ -264,7 +338,7 @@ def _load_start(cfg: RunConfig, tracker=None) -> tuple[torch.nn.Module, object]:
         src = str(tracker.load_agent(src, cfg.out / "state" / "init_model"))
     if not Path(src, "config.json").exists():
         raise FileNotFoundError(f"RL start model {src} not found: run the sft stage first (or set rl.init_from)")
-    return load_model(src)
+    return src
 
 
 # ------------------------------------------------------------------------------ the stage
@@ -283,7 +357,10 @@ def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | N
             continue
         mlog = stage_log.child(method) if cfg.methods else stage_log
         trainer = runner.rl_setup(RLTrainer.from_config, mcfg, mlog, tracker)
-        out.append(trainer.run(progress, runner))
+        try:
+            out.append(trainer.run(progress, runner))
+        finally:
+            trainer.close()
         if mlog is not stage_log:
             mlog.end()
     return out

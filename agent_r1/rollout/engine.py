@@ -127,6 +127,24 @@ class RolloutEngine(ABC):
         """Counters since the last :meth:`reset` (e.g. prefill tokens reused)."""
         return {}
 
+    def sync_weights(self, write) -> float:
+        """Bring the learner's current weights to the engine before the next rollout; ``write(folder)``
+        writes them as a Hugging Face folder. An engine that shares the policy module with the learner
+        (:class:`HFEngine`) has nothing to do. Returns the seconds taken."""
+        return 0.0
+
+    def restart(self) -> None:
+        """Recover from :class:`EngineDied` (a server engine starts its server again)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart")
+
+    def close(self) -> None:
+        """Release what the engine holds (a server process)."""
+
+
+class EngineDied(RuntimeError):
+    """The engine stopped answering (a server that crashed or was killed): :meth:`RolloutEngine.restart`
+    may bring it back."""
+
 
 def sample(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens for ``logits`` [B, V] and their log-probs under the distribution sampled from."""

