@@ -165,18 +165,9 @@ CONTEXT_MANAGERS = {"full": ContextManager, "sliding_window": SlidingWindow, "su
 def get_context_manager(name: str) -> type[ContextManager]:
     """The context manager class ``name`` names: ``full``, ``sliding_window``, ``summary``, or an
     import path (``module:Class`` / ``path/to/file.py:Class``) to a :class:`ContextManager` subclass."""
-    from agent_r1.registry import is_import_path, load_object
+    from agent_r1.registry import named_class
 
-    if is_import_path(name):
-        cls = load_object(name, "context manager")
-    elif name in CONTEXT_MANAGERS:
-        cls = CONTEXT_MANAGERS[name]
-    else:
-        raise KeyError(f"unknown context manager {name!r}; known: {sorted(CONTEXT_MANAGERS)} "
-                       "(or an import path, module:Class or path/to/file.py:Class)")
-    if not (isinstance(cls, type) and issubclass(cls, ContextManager)):
-        raise TypeError(f"context manager {name!r} is {cls!r}, not a ContextManager subclass")
-    return cls
+    return named_class(name, CONTEXT_MANAGERS, ContextManager, "context manager")
 
 
 def make_context_manager(name: str, tokenizer, tools: list[dict] | None = None, **kwargs) -> ContextManager:

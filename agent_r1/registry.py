@@ -51,3 +51,18 @@ def _import_file(path: Path):
         del sys.modules[name]
         raise
     return module
+
+
+def named_class(name: str, table: dict[str, type], base: type, what: str) -> type:
+    """The ``base`` subclass ``name`` names: a key of ``table`` or an import path. KeyError listing
+    ``table`` for an unknown name; TypeError when the object named is not such a class."""
+    if is_import_path(name):
+        cls = load_object(name, what)
+    elif name in table:
+        cls = table[name]
+    else:
+        raise KeyError(f"unknown {what} {name!r}; registered: {sorted(table)} "
+                       "(or give an import path, module:Class or path/to/file.py:Class)")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{what} {name!r} is {cls!r}, not a {base.__name__} subclass")
+    return cls

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent_r1.envs.tool_env import ToolEnv
-from agent_r1.registry import is_import_path, load_object
+from agent_r1.registry import named_class
 from agent_r1.tools import Tool, build_tools
 
 ENVS: dict[str, type[ToolEnv]] = {}
@@ -36,16 +36,7 @@ def register_env(name: str) -> Callable[[type[ToolEnv]], type[ToolEnv]]:
 
 def get_env(name: str) -> type[ToolEnv]:
     """The environment class ``name`` names: registered, or an import path."""
-    if is_import_path(name):
-        cls = load_object(name, "environment")
-    elif name in ENVS:
-        cls = ENVS[name]
-    else:
-        raise KeyError(f"unknown environment {name!r}; registered: {sorted(ENVS)} "
-                       "(or give an import path, module:Class or path/to/file.py:Class)")
-    if not (isinstance(cls, type) and issubclass(cls, ToolEnv)):
-        raise TypeError(f"environment {name!r} is {cls!r}, not a ToolEnv subclass")
-    return cls
+    return named_class(name, ENVS, ToolEnv, "environment")
 
 
 def env_tools(env_cfg, data_dir: Path | None, env_cls: type[ToolEnv] | None = None) -> list[Tool]:
