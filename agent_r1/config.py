@@ -170,13 +170,6 @@ def parse_method(method: str) -> dict:
     return {"algorithm": algorithm, **masks}
 
 
-def _registered(spec: str, kind: str) -> str:
-    try:
-        return registered_name(spec, kind)
-    except ImportError as e:
-        raise ValueError(str(e)) from None
-
-
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
     """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...) or the
@@ -185,7 +178,7 @@ class RLConfig(_Strict):
     @field_validator("algorithm")
     @classmethod
     def _algorithm(cls, v: str) -> str:
-        return _registered(v, "advantage")
+        return registered_name(v, "advantage")
     advantage_settings: dict[str, bool | int | float | str] = {}
     """The estimator's own settings (its keyword-only parameters), e.g. {whiten: false}."""
     # Which questions RL trains on: every training question with one of `hops`, plus the

@@ -128,8 +128,8 @@ class Summary(ContextManager):
     message (the prompt is re-rendered with it; the kept turns follow as they were sampled).
 
     ``summarize`` maps the summarised turns' observations (chat messages) to text (a callable, or
-    its import path from a config); default :func:`extractive_summary`. Each step stores the context ids this returns, so training sees
-    the summarised context the policy saw.
+    its import path from a config); default :func:`extractive_summary`. Each step stores the
+    context ids this returns, so training sees the summarised context the policy saw.
     """
 
     def __init__(self, tokenizer, tools: list[dict] | None = None, budget: int = 512, keep: int = 1,

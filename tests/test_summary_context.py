@@ -93,7 +93,19 @@ def test_context_managers_are_chosen_by_name_or_import_path(tok, tmp_path):
         load_config("default", "pipelines.yaml", parse_overrides(["env.context=summary", "env.context_kwargs={budgt: 5}"]))
 
 
-def test_estimators_and_losses_are_chosen_by_import_path(tmp_path):
+@pytest.fixture
+def registries():
+    """The estimators and losses a test registers are removed after it (as test_rl's fixture does)."""
+    from agent_r1.algorithms import ADVANTAGES, POLICY_LOSSES
+
+    before = set(ADVANTAGES), set(POLICY_LOSSES)
+    yield
+    for table, names in zip((ADVANTAGES, POLICY_LOSSES), before):
+        for name in set(table) - names:
+            del table[name]
+
+
+def test_estimators_and_losses_are_chosen_by_import_path(tmp_path, registries):
     (tmp_path / "algos.py").write_text(
         "from agent_r1.algorithms import register_advantage, register_policy_loss, rloo, vanilla_pg_loss\n\n"
         "@register_advantage('my_rloo_by_path', needs_groups=True)\n"
@@ -114,7 +126,7 @@ def test_estimators_and_losses_are_chosen_by_import_path(tmp_path):
         load_config("default", "pipelines.yaml", parse_overrides([f"rl.algorithm={path}:my_rloo", "rl.advantage_settings={scal: 2}"]))
 
 
-def test_import_paths_in_a_config_file_are_relative_to_that_file(tmp_path):
+def test_import_paths_in_a_config_file_are_relative_to_that_file(tmp_path, registries):
     (tmp_path / "plug").mkdir()
     (tmp_path / "plug" / "algos2.py").write_text(
         "from agent_r1.algorithms import register_advantage, rloo\n\n"

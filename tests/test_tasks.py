@@ -15,7 +15,8 @@ from agent_r1.config import ConfigError, RunConfig, load_config
 from agent_r1.data import DataError, load_split
 from agent_r1.run import prepare_data, selection_problems, tasks_for
 
-ENV = '''
+# the module a test writes: the tool, then an environment (its own below)
+REVERSE_TOOL = '''
 from agent_r1.envs import Metric, ToolEnv
 from agent_r1.tools import tool
 
@@ -29,7 +30,9 @@ def reverse(text: str) -> str:
     """
     return text[::-1]
 
+'''
 
+ENV = REVERSE_TOOL + '''
 class ReverseEnv(ToolEnv):
     """Reverse the task's sentence; the row has ``sentence`` and ``target``, nothing of QA."""
 
@@ -170,21 +173,7 @@ def test_a_tool_that_reads_a_corpus_the_data_lacks_says_so(tmp_path):
         make_tools(cfg, data_dir)
 
 
-ACCEPT_ENV = '''
-from agent_r1.envs import Metric, ToolEnv
-from agent_r1.tools import tool
-
-
-@tool(thread_safe=True)
-def reverse(text: str) -> str:
-    """Reverse a text.
-
-    Args:
-        text: The text to reverse.
-    """
-    return text[::-1]
-
-
+ACCEPT_ENV = REVERSE_TOOL + '''
 class ReverseEnv(ToolEnv):
     """Reverse the sentence: rows hold ``sentence`` and ``target`` (and whatever else was written)."""
 

@@ -122,15 +122,18 @@ def get_policy_loss(name: str) -> PolicyLoss:
 def registered_name(spec: str, kind: str = "advantage") -> str:
     """The registered name ``spec`` stands for: ``spec`` itself, or, for an import path, the name
     the function it names was registered under (importing its module registered it). ``kind``:
-    ``advantage`` or ``policy loss``. ImportError when the path does not import or names a
-    function that was never registered."""
+    ``advantage`` or ``policy loss``. ValueError (what a config validator reports) when the path
+    does not import or names a function that was never registered."""
     if not is_import_path(spec):
         return spec
     table = ADVANTAGES if kind == "advantage" else POLICY_LOSSES
-    fn = load_object(spec, kind)
+    try:
+        fn = load_object(spec, kind)
+    except ImportError as e:
+        raise ValueError(str(e)) from None
     for name, entry in table.items():
         if entry.fn is fn:
             return name
     decorator = "register_advantage" if kind == "advantage" else "register_policy_loss"
-    raise ImportError(f"{kind} {spec!r}: {getattr(fn, '__name__', fn)!r} is not registered; decorate it with "
+    raise ValueError(f"{kind} {spec!r}: {getattr(fn, '__name__', fn)!r} is not registered; decorate it with "
                       f"@{decorator}(\"name\") from agent_r1.algorithms")

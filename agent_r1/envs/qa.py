@@ -132,7 +132,6 @@ class NaiveRAGEnv(MultiHopQAEnv):
     answered by its first non-blank line (the base model was never taught the tag).
     """
 
-    DEFAULT_SYSTEM_PROMPT = NAIVE_RAG_SYSTEM_PROMPT
     TOOLS_IN_PROMPT = False  # the model sees passages, not a tool
 
     def __init__(self, search_tool: Tool, **kw):

@@ -60,10 +60,7 @@ class LearnerConfig(BaseModel):
     def _policy_loss(cls, v: str) -> str:
         from agent_r1.algorithms import registered_name
 
-        try:
-            return registered_name(v, "policy loss")
-        except ImportError as e:
-            raise ValueError(str(e)) from None
+        return registered_name(v, "policy loss")
     clip_low: float = Field(0.2, ge=0)
     """PPO ratio clip below 1 (ratio ≥ 1 - clip_low)."""
     clip_high: float = Field(0.2, ge=0)
