@@ -102,13 +102,17 @@ def seed_report(results: list[dict], split: str = "test", rl: str = "grpo", wall
         cells = [stats([r[s][m]["em"] for r in results]) for m in methods]
         rows.append(f"| {s} | " + " | ".join(f"{mu:.3f} ± {sd:.3f}" for mu, sd in cells) + " |")
     lift = stats([r[split][rl]["em"] - r[split]["sft"]["em"] for r in results])
-    control = (stats([r[split]["sft_control"]["em"] - r[split]["sft"]["em"] for r in results])
-               if "sft_control" in methods else None)
+    # the control where a seed ran it; "above the control" compares RL and control on those seeds
+    controlled = [r for r in results if "sft_control" in r.get(split, {})]
+    control = stats([r[split]["sft_control"]["em"] - r[split]["sft"]["em"] for r in controlled]) if controlled else None
+    rl_there = stats([r[split][rl]["em"] - r[split]["sft"]["em"] for r in controlled]) if controlled else None
     worst = min(statistics.fmean(r[s][rl]["em"] - r[s]["sft"]["em"] for r in results) for s in splits[1:] or splits)
     checks = [f"lift >= +0.20: {'yes' if lift[0] >= 0.2 else 'no'}",
-              f"above the control: {'yes' if control and lift[0] > control[0] else 'no'}",
+              f"above the control: {'yes' if control and rl_there[0] > control[0] else 'no'}",
               f"no hop count below SFT by more than 0.05: {'yes' if worst >= -0.05 else 'no'} (worst {worst:+.2f})"]
     last = f"{name or rl + '_lift'}: {lift[0]:+.2f} ± {lift[1]:.2f} (" + \
         (f"control {control[0]:+.2f}" if control else "no control")
+    if controlled and len(controlled) < len(results):
+        last += f" on {len(controlled)} of them, RL there {rl_there[0]:+.2f}"
     last += f", {len(results)} seeds" + (f", {wall_s:.0f} s)" if wall_s is not None else ")")
     return "\n".join(rows) + "\n\ngoal: " + "; ".join(checks) + "\n" + last + "\n"

