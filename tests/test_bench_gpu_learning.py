@@ -47,5 +47,11 @@ def test_seed_report_gives_mean_and_spread_and_checks_the_goal():
     assert "| test_2hop | 0.000 ± 0.000 | 0.000 ± 0.000 | 0.600 ± 0.141 |" in text  # columns sft, sft_control, grpo
     worse = seed_report([run(0.5, 0.4, 0.5, (0.5, 0.2))])
     assert "lift >= +0.20: no; above the control: no; no hop count below SFT by more than 0.05: no (worst -0.30)" in worse
+    # the control ran for one seed of two (--control-seeds): compared with RL on that seed alone
+    uncontrolled = run(0.3, 0.3, 0.0)
+    del uncontrolled["test"]["sft_control"]
+    mixed = seed_report([run(0.3, 0.6, 0.4), uncontrolled])
+    assert mixed.splitlines()[-1] == "grpo_lift: +0.15 ± 0.21 (control +0.10 on 1 of them, RL there +0.30, 2 seeds)"
+    assert "above the control: yes" in mixed and "sft_control" not in mixed.splitlines()[0]
     with pytest.raises(ValueError, match="needs method 'grpo'"):
         seed_report([{"test": {"sft": {"em": 0.1}}}])
