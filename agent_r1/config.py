@@ -188,7 +188,7 @@ class RLConfig(_Strict):
     qtypes: list[str] = []
     """Further question types RL trains on (e.g. compositions SFT never showed)."""
     iterations: int = Field(100, ge=0)
-    """RL iterations (rollout → annotate → update)."""
+    """RL iterations (sample_episodes → build_train_batch → update_policy → end_iteration)."""
     tasks_per_iteration: int = Field(16, ge=1)
     """Questions sampled per iteration."""
     group_size: int = Field(8, ge=1)

@@ -21,9 +21,9 @@ def summarize(trajs: list[Trajectory], tasks: list[dict]) -> dict:
         "reward": sum(t.total_reward for t in trajs) / n,
         "turns": turns / n,
         "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
-        "answered": sum(bool(t.metrics.get("answer")) for t in trajs) / n,
+        "answered": sum(bool(t.answer) for t in trajs) / n,
         "tokens": sum(t.num_action_tokens for t in trajs) / n,
-        "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs),  # scored as wrong
+        "env_errors": sum(t.stop_reason == "env_error" for t in trajs),  # scored as wrong
     }
     out = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
     # EM per question type: which compositions an agent answers (a hop count mixes several)

@@ -1,18 +1,15 @@
-"""Step and Trajectory records — the seam between rollout and learning — and their packing.
+"""Step and Trajectory records — the seam between rollout and learning — and their packing
+into the learner's :class:`TrainBatch`.
 
 A trajectory is a list of steps, one per model turn. Each step keeps the exact context ids the
 policy saw and the exact action ids it sampled (with their sampling log-probs), so the learner
-trains on those ids and never re-tokenizes text. Trajectories round-trip to parquet (one row per
-step) so a rollout can be stored, read in pandas and replayed.
+trains on those ids and never re-tokenizes text.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields, replace
 
-import pandas as pd
 import torch
 
 
@@ -36,7 +33,13 @@ class Trajectory:
     group_id: int
     steps: list[Step] = field(default_factory=list)
     final_reward: float = 0.0
-    metrics: dict = field(default_factory=dict)
+    # how the episode ended: "answer", "max_turns", "token_budget" (the environment's), or
+    # "env_error" (the environment raised; ``error`` says what, and it is not trained on)
+    stop_reason: str = ""
+    answer: str | None = None  # the answer the environment read from the last turn, if any
+    error: str | None = None
+    # the episode's counters and the metrics its environment declares, all numbers
+    metrics: dict[str, float] = field(default_factory=dict)
     # the metrics the environment declares, name -> how a batch aggregates them (envs/metrics.py)
     metric_aggs: dict[str, str] = field(default_factory=dict)
 
@@ -47,66 +50,6 @@ class Trajectory:
     @property
     def num_action_tokens(self) -> int:
         return sum(len(s.action_ids) for s in self.steps)
-
-
-_JSON_COLS = ("tool_calls", "observation")
-
-
-def to_frame(trajectories: list[Trajectory]) -> pd.DataFrame:
-    """One row per step; trajectory fields repeat on each of its rows."""
-    rows = []
-    for t_idx, traj in enumerate(trajectories):
-        for s_idx, step in enumerate(traj.steps):
-            row = asdict(step)
-            for col in _JSON_COLS:
-                row[col] = json.dumps(row[col])
-            row.update(
-                traj_index=t_idx,
-                step_index=s_idx,
-                task_id=traj.task_id,
-                group_id=traj.group_id,
-                final_reward=traj.final_reward,
-                metrics=json.dumps(traj.metrics),
-                metric_aggs=json.dumps(traj.metric_aggs),
-            )
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def from_frame(df: pd.DataFrame) -> list[Trajectory]:
-    if df.empty:
-        return []
-    trajectories = []
-    step_fields = Step.__dataclass_fields__
-    for _, rows in df.sort_values(["traj_index", "step_index"]).groupby("traj_index", sort=True):
-        first = rows.iloc[0]
-        traj = Trajectory(
-            task_id=str(first.task_id),
-            group_id=int(first.group_id),
-            final_reward=float(first.final_reward),
-            metrics=json.loads(first.metrics),
-            metric_aggs=json.loads(first.metric_aggs) if "metric_aggs" in rows else {},  # (older files lack it)
-        )
-        for rec in rows.to_dict("records"):
-            kw = {k: rec[k] for k in step_fields}
-            for col in _JSON_COLS:
-                kw[col] = json.loads(kw[col])
-            kw["context_ids"] = [int(x) for x in kw["context_ids"]]
-            kw["action_ids"] = [int(x) for x in kw["action_ids"]]
-            kw["action_logprobs"] = [float(x) for x in kw["action_logprobs"]]
-            kw["reward"], kw["tool_errors"] = float(kw["reward"]), int(kw["tool_errors"])
-            kw["format_error"], kw["hit_max_new_tokens"] = bool(kw["format_error"]), bool(kw["hit_max_new_tokens"])
-            traj.steps.append(Step(**kw))
-        trajectories.append(traj)
-    return trajectories
-
-
-def save_parquet(trajectories: list[Trajectory], path: str | Path) -> None:
-    to_frame(trajectories).to_parquet(path, index=False)
-
-
-def load_parquet(path: str | Path) -> list[Trajectory]:
-    return from_frame(pd.read_parquet(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,32 +128,80 @@ def to_sequences(traj: Trajectory) -> list[Sequence]:
     return out
 
 
-def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask: bool = True) -> dict[str, torch.Tensor]:
-    """Right-pad sequences into a batch of tensors.
+@dataclass
+class TrainBatch:
+    """What the learner trains on: ``B`` sequences right-padded to ``T`` tokens, on the CPU (the
+    learner moves each micro-batch to its device). Masks and rewards are float32.
+
+    From :func:`collate` (the rollout):
+
+    - ``input_ids`` [B, T] long: the tokens, ``pad_id`` after each sequence;
+    - ``attention_mask`` [B, T] long: 1 on each sequence's tokens;
+    - ``action_mask`` [B, T]: 1 on the tokens the policy sampled;
+    - ``loss_mask`` [B, T]: the tokens the policy loss covers (``action_mask``; with ``rl.loss_mask``
+      off every token after the prompt);
+    - ``adv_mask`` [B, T]: the tokens advantages are computed over (likewise, ``rl.adv_mask``);
+    - ``step_ids`` [B, T] long: the model turn of each action token, -1 elsewhere;
+    - ``token_rewards`` [B, T]: rewards at the token that earned them;
+    - ``sample_logprobs`` [B, T]: the rollout engine's log-probs of the sampled tokens, 0 elsewhere;
+    - ``group_ids`` [B] long: the task group of each sequence.
+
+    From :func:`~agent_r1.pipeline.rl_driver.build_train_batch` (None until then, or when not needed):
+
+    - ``advantages``, ``returns`` [B, T];
+    - ``old_values`` [B, T]: the critic's values (estimators with a critic);
+    - ``old_logprobs`` [B, T]: the policy's log-probs before the update, on the rows that can carry
+      a gradient (not computed for a single-step update, whose ratio is 1);
+    - ``ref_logprobs`` [B, T]: the frozen reference's log-probs (``kl_coef > 0``).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    adv_mask: torch.Tensor
+    step_ids: torch.Tensor
+    token_rewards: torch.Tensor
+    sample_logprobs: torch.Tensor
+    group_ids: torch.Tensor
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def select(self, rows: torch.Tensor, device: torch.device | None = None) -> "TrainBatch":
+        """Rows ``rows``, cut to the longest of them, on ``device``."""
+        T = int(self.attention_mask[rows].sum(1).max())
+        return replace(self, **{f.name: None if (v := getattr(self, f.name)) is None
+                                else (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for f in fields(self)})
+
+
+def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask: bool = True) -> TrainBatch:
+    """Right-pad sequences into a :class:`TrainBatch`.
 
     ``loss_mask``/``adv_mask`` off (the Agent-R1 ablations) widen those masks from the action
     tokens to every non-padding token after the prompt, observations included.
     """
     B, T = len(seqs), max(len(s.ids) for s in seqs)
-    batch = {
-        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros(B, T, dtype=torch.long),
-        "action_mask": torch.zeros(B, T),
-        "step_ids": torch.full((B, T), -1, dtype=torch.long),
-        "token_rewards": torch.zeros(B, T),
-        "sample_logprobs": torch.zeros(B, T),
-        "group_ids": torch.tensor([s.group_id for s in seqs], dtype=torch.long),
-    }
-    after_prompt = torch.zeros(B, T)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.long)
+    action_mask, token_rewards, sample_logprobs, after_prompt = (torch.zeros(B, T) for _ in range(4))
+    step_ids = torch.full((B, T), -1, dtype=torch.long)
     for i, s in enumerate(seqs):
         n = len(s.ids)
-        batch["input_ids"][i, :n] = torch.tensor(s.ids)
-        batch["attention_mask"][i, :n] = 1
-        batch["action_mask"][i, :n] = torch.tensor(s.action, dtype=torch.float)
-        batch["step_ids"][i, :n] = torch.tensor(s.step_ids)
-        batch["token_rewards"][i, :n] = torch.tensor(s.rewards)
-        batch["sample_logprobs"][i, :n] = torch.tensor(s.sample_logprobs)
+        input_ids[i, :n] = torch.tensor(s.ids)
+        attention_mask[i, :n] = 1
+        action_mask[i, :n] = torch.tensor(s.action, dtype=torch.float)
+        step_ids[i, :n] = torch.tensor(s.step_ids)
+        token_rewards[i, :n] = torch.tensor(s.rewards)
+        sample_logprobs[i, :n] = torch.tensor(s.sample_logprobs)
         after_prompt[i, s.prompt_len : n] = 1
-    batch["loss_mask"] = batch["action_mask"] if loss_mask else after_prompt
-    batch["adv_mask"] = batch["action_mask"] if adv_mask else after_prompt
-    return batch
+    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask,
+                      loss_mask=action_mask if loss_mask else after_prompt,
+                      adv_mask=action_mask if adv_mask else after_prompt, step_ids=step_ids,
+                      token_rewards=token_rewards, sample_logprobs=sample_logprobs,
+                      group_ids=torch.tensor([s.group_id for s in seqs], dtype=torch.long))

@@ -23,7 +23,7 @@ def transcript(traj: Trajectory, task: dict | None = None) -> str:
             lines += [f"> **{obs.get('name') or obs.get('role', 'tool')}:** " + str(obs.get("content", "")).replace("\n", "\n> ")]
     m = traj.metrics
     scores = "".join(f"{name} {m[key]:{fmt}} · " for key, name, fmt in (("em", "EM", ".0f"), ("f1", "F1", ".2f")) if key in m)
-    lines += ["", f"**Answer:** {m.get('answer')!r} · {scores}reward {traj.total_reward:.2f} · tool calls {m.get('tool_calls', 0)}"]
+    lines += ["", f"**Answer:** {traj.answer!r} · {scores}reward {traj.total_reward:.2f} · tool calls {m.get('tool_calls', 0)}"]
     return "\n".join(lines)
 
 

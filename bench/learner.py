@@ -177,8 +177,8 @@ def breakdown(learner, batch: dict, reps: int) -> dict[str, float]:
     out = {"forward+loss": [], "engine.backward": [], "engine.step": []}
     for _ in range(reps):
         t0 = time.perf_counter()
-        logp = token_logprobs(learner.model, batch["input_ids"], batch["attention_mask"])
-        loss = -aggregate(logp, batch["loss_mask"], "token-mean")
+        logp = token_logprobs(learner.model, batch.input_ids, batch.attention_mask)
+        loss = -aggregate(logp, batch.loss_mask, "token-mean")
         t1 = time.perf_counter()
         eng.backward(loss)
         t2 = time.perf_counter()
@@ -200,8 +200,8 @@ def plain_torch(model, batch: dict, reps: int, lr: float, clip: float) -> dict[s
     out = {"forward+loss": [], "backward": [], "clip+AdamW.step": []}
     for i in range(reps + 1):  # first iteration warms the optimizer state up
         t0 = time.perf_counter()
-        logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-        loss = -aggregate(logp, batch["loss_mask"], "token-mean")
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        loss = -aggregate(logp, batch.loss_mask, "token-mean")
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()

@@ -26,6 +26,7 @@ from agent_r1.data.synthetic import WorldConfig, generate
 from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
 from agent_r1.learner import Learner, LearnerConfig, token_logprobs
 from agent_r1.models import load_model
+from agent_r1.trajectory import Sequence, collate
 
 
 def parse_args(argv=None):
@@ -47,14 +48,10 @@ def make_batch(tok, groups: int, size: int, continuation: int, seed: int = 0) ->
         prompt = tok.apply_chat_template([{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": q}],
                                          add_generation_prompt=True, tokenize=True, return_dict=False)
         rows += [(list(prompt), torch.randint(100, len(tok), (continuation,), generator=g).tolist()) for _ in range(size)]
-    T = max(len(p) + len(c) for p, c in rows)
-    ids = torch.full((len(rows), T), tok.pad_token_id, dtype=torch.long)
-    mask, loss = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, (p, c) in enumerate(rows):
-        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-        mask[i, : len(p) + len(c)] = 1
-        loss[i, len(p) : len(p) + len(c)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "loss_mask": loss}, statistics.fmean(len(p) for p, _ in rows)
+    seqs = [Sequence(ids=p + c, action=[0] * len(p) + [1] * len(c), step_ids=[-1] * len(p) + [0] * len(c),
+                     rewards=[0.0] * (len(p) + len(c)), sample_logprobs=[0.0] * (len(p) + len(c)), group_id=0,
+                     prompt_len=len(p)) for p, c in rows]
+    return collate(seqs, tok.pad_token_id), statistics.fmean(len(p) for p, _ in rows)
 
 
 def main(argv=None) -> None:
@@ -62,11 +59,11 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, device="cpu")
     batch, prompt_tokens = make_batch(tok, args.groups, args.group_size, args.continuation)
-    tokens = int(batch["attention_mask"].sum())
+    tokens = int(batch.attention_mask.sum())
     learners = {share: Learner(copy.deepcopy(model), LearnerConfig(lr=1e-7, share_prefix=share, micro_batch_tokens=1 << 20),
                                precision="fp32") for share in (False, True)}
     with torch.no_grad():
-        lp = {s: token_logprobs(lr.model, batch["input_ids"], batch["attention_mask"], positions=batch["loss_mask"], share_prefix=s)
+        lp = {s: token_logprobs(lr.model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask, share_prefix=s)
               for s, lr in learners.items()}
     times: dict[bool, list[float]] = {False: [], True: []}
     for rep in range(args.repeats + 1):

@@ -1,7 +1,7 @@
 """Prefect flows: the pipeline's stages as Prefect tasks. Orchestration only, no RL logic.
 
-- :func:`flows.training.training_flow`: prepare → sft → per RL iteration (rollout → annotate →
-  update → end_iteration) → evaluate → register.
+- :func:`flows.training.training_flow`: prepare → sft → per RL iteration (sample_episodes →
+  build_train_batch → update_policy → end_iteration) → evaluate → register.
 - :func:`flows.evaluation.evaluation_flow`: held-out evaluation of the pipeline's checkpoints or
   of registered agents (``models:/agent-r1@champion``).
 - :func:`flows.retrain.retraining_flow`: newest data → RL from the current champion →

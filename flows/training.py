@@ -2,8 +2,8 @@
 
 ::
 
-    prepare ─► sft ─► rl-setup ─► [rollout ─► annotate ─► update ─► end-iteration] × rl.iterations
-            ─► rl-finish ─► (control) ─► evaluate ─► register
+    prepare ─► sft ─► rl-setup ─► [sample_episodes ─► build_train_batch ─► update_policy
+            ─► end_iteration] × rl.iterations ─► rl-finish ─► (control) ─► evaluate ─► register
 
 The sequence is :func:`agent_r1.pipeline.stages.run_pipeline` and the RL loop
 :meth:`agent_r1.pipeline.rl_driver.RLTrainer.run`, the same code ``agent-r1 train`` runs; here a
@@ -42,10 +42,10 @@ from agent_r1.config import RunConfig, load_config, parse_overrides
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
 from agent_r1.pipeline.record import StageLog
-from agent_r1.pipeline.rl_driver import RLTrainer
 from agent_r1.pipeline.runner import Runner
 from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
+from agent_r1.trajectory import TrainBatch
 
 # Models, trajectories and tensors stay in this process: no result persistence, no caching
 # (a cache key would hash the trainer; a persisted result would pickle a model).
@@ -89,88 +89,36 @@ prepare = stage_task("prepare", stages.prepare)  # versioned data: writes the pa
 evaluate = stage_task("evaluate", stages.evaluate)
 
 
-def _per_iteration(label: str):
-    """Task run names like ``rollout-grpo-3`` (method, 1-based iteration)."""
-
-    def name(parameters: dict) -> str:
-        trainer = parameters["trainer"]
-        return f"{label}-{trainer.method}-{trainer.iteration + 1}"
-
-    return name
-
-
-@task(name="rl-setup", **IN_PROCESS)
-def start_rl(open_trainer, cfg: RunConfig, slog: StageLog, tracker: Tracker | None) -> RLTrainer:
-    """Load the start model (resuming from ``state/`` when a saved state matches the config)."""
-    return open_trainer(cfg, slog, tracker)
-
-
-@task(name="rollout", task_run_name=_per_iteration("rollout"), **IN_PROCESS)
-def rollout(trainer: RLTrainer) -> list:
-    return trainer.rollout()
-
-
-@task(name="annotate", task_run_name=_per_iteration("annotate"), **IN_PROCESS)
-def annotate(trainer: RLTrainer, trajs: list) -> dict:
-    """Reward annotation: rewards, advantages, loss masks, sampling and reference log-probs."""
-    return trainer.annotate(trajs)
-
-
-# No retries: a DeepSpeed step that failed half-way has already moved the optimizer state.
-@task(name="update", task_run_name=_per_iteration("update"), **IN_PROCESS)
-def update(trainer: RLTrainer, batch: dict) -> dict:
-    return trainer.update(batch)
-
-
-@task(name="end-iteration", task_run_name=_per_iteration("end-iteration"), **IN_PROCESS)
-def end_iteration(trainer: RLTrainer, trajs: list, stats: dict) -> dict:
-    """Log the iteration's metrics; save a resumable state every ``rl.checkpoint_every``."""
-    return trainer.end_iteration(trajs, stats)
-
-
-@task(name="rl-finish", **IN_PROCESS)
-def finish_rl(trainer: RLTrainer) -> Path:
-    return trainer.finish()
+@functools.cache
+def phase_task(fn):
+    """The RL phase function ``fn`` as a Prefect task of the same name (no retries: a DeepSpeed
+    step that failed half-way has already moved the optimizer state)."""
+    return task(fn, name=fn.__name__, **IN_PROCESS)
 
 
 class TaskRunner(Runner):
     """The pipeline's stage sequence and RL loop with each stage and each RL phase a Prefect task.
 
-    Prefect links a task's inputs to the task that returned them by ``id()`` (for lists and
-    dicts, which it cannot weak-reference: prefect issue 20558), so a result freed early lets a
-    later object reuse its id and be linked to the wrong task. The runner holds each phase's
+    A phase's task run is named ``<phase>-<method>-<iteration>`` (``sample_episodes-grpo-3``).
+    Trajectories and batches pass as ``opaque``: Prefect links the tasks without walking every
+    token id. Prefect links a task's inputs to the task that returned them by ``id()`` (for lists
+    and dicts, which it cannot weak-reference: prefect issue 20558), so a result freed early lets
+    a later object reuse its id and be linked to the wrong task: the runner holds each phase's
     last result until the next iteration's replaces it.
     """
 
     def __init__(self):
         self._held: dict[str, Any] = {}
 
-    def _hold(self, key: str, value):
-        self._held[key] = value
-        return value
-
     def stage(self, name, fn, *args, **kwargs):
+        self._held.clear()
         return stage_task(name, fn)(*args, **kwargs)
 
-    def rl_setup(self, open_trainer, cfg, stage_log, tracker):
-        return start_rl(open_trainer, cfg, stage_log, tracker)
-
-    def rollout(self, trainer):
-        return self._hold("trajs", rollout(trainer))
-
-    # opaque: link the tasks without Prefect walking every token id of every trajectory
-    def annotate(self, trainer, trajs):
-        return self._hold("batch", annotate(trainer, opaque(trajs)))
-
-    def update(self, trainer, batch):
-        return self._hold("stats", update(trainer, opaque(batch)))
-
-    def end_iteration(self, trainer, trajs, stats):
-        return self._hold("stats", end_iteration(trainer, opaque(trajs), stats))
-
-    def rl_finish(self, trainer):
-        self._held.clear()
-        return finish_rl(trainer)
+    def phase(self, trainer, fn, *args):
+        run_name = f"{fn.__name__}-{trainer.method}-{trainer.iteration + 1}"
+        args = [opaque(a) if isinstance(a, (list, dict, TrainBatch)) else a for a in args]
+        self._held[fn.__name__] = out = phase_task(fn).with_options(task_run_name=run_name)(*args)
+        return out
 
 
 class ArtifactProgress(Progress):

@@ -10,10 +10,10 @@ from agent_r1.context import ContextManager, ObservationRenderer, SlidingWindow
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import token_logprobs
 from agent_r1.models import cache_kwarg
-from agent_r1.pipeline.rl_driver import annotate
+from agent_r1.pipeline.rl_driver import build_train_batch
 from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
-from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
+from agent_r1.trajectory import collate, to_sequences
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the Louvre?"}]
 
@@ -199,7 +199,7 @@ def test_run_episodes_drops_finished_episodes(tok, make_model):
     assert [len(t.steps) for t in trajs] == [3, 1, 2]
     assert [t.task_id for t in trajs] == ["a", "b", "c"] and [t.group_id for t in trajs] == [5, 5, 6]
     for t in trajs:
-        assert t.metrics["stop_reason"] == "max_turns"
+        assert t.stop_reason == "max_turns"
         for prev, nxt in zip(t.steps, t.steps[1:]):
             obs = cm.renderer.ids(prev.observation, action_ended=not prev.hit_max_new_tokens)
             assert nxt.context_ids == prev.context_ids + prev.action_ids + obs
@@ -231,7 +231,7 @@ def test_run_episodes_ends_an_episode_that_would_overflow_the_context(tok, make_
     # room for the first turn only: its observation (an error message) makes the next one overflow
     (traj,) = run_episodes(engine, TurnsEnv, [task], cm, params, max_context_tokens=prompt_len + 4 + 8)
     assert len(traj.steps) == 1 and engine.batch_sizes == [1]
-    assert traj.metrics["stop_reason"] == "token_budget"
+    assert traj.stop_reason == "token_budget"
 
 
 class FailingEnv(TurnsEnv):
@@ -257,16 +257,16 @@ def test_an_episode_whose_env_fails_is_ended_and_marked_and_the_batch_goes_on(to
     trajs = run_episodes(engine, FailingEnv, tasks, ContextManager(tok), SamplingParams(max_new_tokens=4))
     ok, step, reset = trajs
     assert engine.batch_sizes == [2, 2, 1] and [len(t.steps) for t in trajs] == [3, 1, 0]
-    assert ok.metrics["stop_reason"] == "max_turns"
+    assert ok.stop_reason == "max_turns"
     for t in (step, reset):
-        assert t.metrics["stop_reason"] == "env_error" and t.final_reward == 0.0
-    assert step.metrics["env_error"] == "ValueError: final reward: golds must hold at least one gold answer"
-    assert reset.metrics["env_error"] == "KeyError: 'question'"
+        assert t.stop_reason == "env_error" and t.final_reward == 0.0
+    assert step.error == "ValueError: final reward: golds must hold at least one gold answer"
+    assert reset.error == "KeyError: 'question'"
     assert rollout_stats(trajs)["env_errors"] == 2 / 3
-    batch = annotate(frozen_learner, trajs, RLConfig(), tok.pad_token_id)  # env errors are not trained on
-    assert len(batch["input_ids"]) == 1
+    batch = build_train_batch(frozen_learner, trajs, RLConfig(), tok.pad_token_id)  # env errors are not trained on
+    assert len(batch.input_ids) == 1
     with pytest.raises(RuntimeError, match="every episode of the batch ended with an environment error"):
-        annotate(frozen_learner, [step, reset], RLConfig(), tok.pad_token_id)
+        build_train_batch(frozen_learner, [step, reset], RLConfig(), tok.pad_token_id)
 
 
 # ------------------------------------------------------------------------------- token in, token out
@@ -302,26 +302,20 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
     assert "Mona Lisa" in first.observation[0]["content"]
     assert all(len(t.steps) == 2 for t in trajs)  # the random model never answers
 
-    batch = annotate(frozen_learner, trajs, RLConfig(algorithm="grpo", group_size=2), tok.pad_token_id)
-    assert len(batch["input_ids"]) == len(trajs)  # full history: one row per trajectory
-    # (every reward here is equal, so annotate's old log-probs skipped all rows: recompute them)
+    batch = build_train_batch(frozen_learner, trajs, RLConfig(algorithm="grpo", group_size=2), tok.pad_token_id)
+    assert len(batch.input_ids) == len(trajs)  # full history: one row per trajectory
+    # (every reward here is equal, so build_train_batch's old log-probs skipped all rows: recompute them)
     recomputed = frozen_learner.logprobs(batch)
     for i, t in enumerate(trajs):
-        m = batch["action_mask"][i].bool()
+        m = batch.action_mask[i].bool()
         sampled = [x for s in t.steps for x in s.action_ids]
-        assert batch["input_ids"][i][m].tolist() == sampled
+        assert batch.input_ids[i][m].tolist() == sampled
         sample_lp = torch.tensor([x for s in t.steps for x in s.action_logprobs])
         assert torch.allclose(recomputed[i][m], sample_lp, atol=1e-4)
-        assert torch.allclose(batch["sample_logprobs"][i][m], sample_lp)
+        assert torch.allclose(batch.sample_logprobs[i][m], sample_lp)
         # the row is exactly the last context the policy saw, plus its action
-        n = int(batch["attention_mask"][i].sum())
-        assert batch["input_ids"][i][:n].tolist() == t.steps[-1].context_ids + t.steps[-1].action_ids
-    # a stored rollout replays to the same training tokens
-    save_parquet(trajs, tmp_path / "rollout.parquet")
-    stored = load_parquet(tmp_path / "rollout.parquet")
-    replay = collate([q for t in stored for q in to_sequences(t)], tok.pad_token_id)
-    for key, value in replay.items():
-        assert torch.equal(value, batch[key]), key
+        n = int(batch.attention_mask[i].sum())
+        assert batch.input_ids[i][:n].tolist() == t.steps[-1].context_ids + t.steps[-1].action_ids
     # at least one sampled turn re-tokenizes differently too (random byte-level tokens merge)
     def reencoded(ids):
         return tok.encode(tok.decode(ids, skip_special_tokens=False))

@@ -69,12 +69,12 @@ def test_malformed_turns_never_crash_the_episode(search):
         assert res.observation[0]["content"].startswith(expected)
         rewards.append(res.reward)
     assert time.perf_counter() - start < 2.0
-    assert res.info["truncated"] == 1 and res.observation[0]["content"].endswith("chars]")
+    assert res.info.truncated == 1 and res.observation[0]["content"].endswith("chars]")
     assert rewards == [-0.1, -0.1, -0.1, 0.0, 0.0, 0.5]
 
     end = env.step("<answer>Paris</answer>")
-    assert end.done and end.observation == [] and end.info["stop_reason"] == "answer"
-    assert end.info["final_reward"] == 1.0 and end.info["metrics"]["em"] == 1.0 and end.info["metrics"]["found_gold"] == 1
+    assert end.done and end.observation == [] and end.info.stop_reason == "answer"
+    assert end.info.final_reward == 1.0 and end.info.metrics["em"] == 1.0 and end.info.metrics["found_gold"] == 1
     assert env.metrics == {"turns": 7, "tool_calls": 3, "format_errors": 3, "tool_errors": 2,
                            "timeouts": 1, "truncated_tool_outputs": 1}
     with pytest.raises(RuntimeError, match="finished episode"):
@@ -87,9 +87,9 @@ def test_step_info_flags(search):
     env = ToolEnv([search])
     env.reset({"prompt": "hi"})
     info = env.step(call("search", query=7)).info
-    assert info["format_error"] and info["tool_calls"] == [{"name": "search", "arguments": {"query": 7}}]
-    assert info["errors"] == ["invalid arguments for tool 'search': argument 'query' must be string, got integer"]
-    assert (info["answer"], info["tool_errors"], info["timed_out"], info["truncated"]) == (None, 0, 0, 0)
+    assert info.format_error and info.tool_calls == [{"name": "search", "arguments": {"query": 7}}]
+    assert info.errors == ["invalid arguments for tool 'search': argument 'query' must be string, got integer"]
+    assert (info.answer, info.tool_errors, info.timed_out, info.truncated) == (None, 0, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_format_errors_do_not_end_the_episode(search, text, error):
     env = MultiHopQAEnv(search, format_penalty=-0.5)
     env.reset(TASK)
     res = env.step(text)
-    assert not res.done and res.info["format_error"] and res.reward == -0.5
+    assert not res.done and res.info.format_error and res.reward == -0.5
     assert error in res.observation[0]["content"] and env.metrics["tool_calls"] == 0
 
 
@@ -128,10 +128,10 @@ def test_several_tool_calls_give_several_messages(search):
     res = env.step(call("search", query="Louvre") + "\n" + call("search", query="Danube"))
     assert [m["name"] for m in res.observation] == ["search", "search"]
     assert res.observation[0]["content"].startswith("(1) Louvre") and "Danube" in res.observation[1]["content"]
-    assert not res.info["format_error"] and env.metrics["tool_calls"] == 2
+    assert not res.info.format_error and env.metrics["tool_calls"] == 2
 
     res = env.step(call("search", query="a") + call("search", query="b") + call("search", query="c"))
-    assert len(res.observation) == 3 and res.info["format_error"]
+    assert len(res.observation) == 3 and res.info.format_error
     assert res.observation[2]["content"] == "Error: at most 2 tool calls per turn; ignored the last 1"
     assert env.metrics["tool_calls"] == 4
 
@@ -141,10 +141,10 @@ def test_max_turns_ends_the_episode(search):
     env.reset(TASK)
     assert not env.step(call("search", query="Louvre")).done
     res = env.step(call("search", query="Mona Lisa"))
-    assert res.done and res.info["stop_reason"] == "max_turns"
+    assert res.done and res.info.stop_reason == "max_turns"
     assert len(res.observation) == 1  # the last turn's calls still run
-    assert res.info["final_reward"] == -1.0 and res.info["metrics"]["em"] == 0.0 and res.info["metrics"]["f1"] == 0.0
-    assert res.info["answer"] is None and res.info["metrics"]["search_recall"] == 1.0
+    assert res.info.final_reward == -1.0 and res.info.metrics["em"] == 0.0 and res.info.metrics["f1"] == 0.0
+    assert res.info.answer is None and res.info.metrics["search_recall"] == 1.0
 
 
 def test_token_budget_ends_the_episode(search):
@@ -152,12 +152,12 @@ def test_token_budget_ends_the_episode(search):
     env.reset(TASK)
     assert not env.step(call("search", query="Louvre"), context_tokens=99).done
     res = env.step("cut off mid-sentence", context_tokens=100)
-    assert res.done and res.info["stop_reason"] == "token_budget" and res.observation == []
-    assert res.reward == 0.0 and not res.info["format_error"]  # a cut-off turn is not judged
-    assert res.info["final_reward"] == -1.0
+    assert res.done and res.info.stop_reason == "token_budget" and res.observation == []
+    assert res.reward == 0.0 and not res.info.format_error  # a cut-off turn is not judged
+    assert res.info.final_reward == -1.0
     env.reset(TASK)  # an answer in the turn that fills the budget still counts
     res = env.step("<answer>Paris</answer>", context_tokens=500)
-    assert res.info["stop_reason"] == "answer" and res.info["final_reward"] == 1.0
+    assert res.info.stop_reason == "answer" and res.info.final_reward == 1.0
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_qa_final_reward(search, text, kwargs, reward, em):
     env = MultiHopQAEnv(search, **kwargs)
     env.reset(TASK)
     res = env.step(text)
-    assert res.done and res.info["final_reward"] == pytest.approx(reward) and res.info["metrics"]["em"] == em
+    assert res.done and res.info.final_reward == pytest.approx(reward) and res.info.metrics["em"] == em
 
 
 def test_retrieval_bonus_once_per_gold_document(search):
@@ -186,7 +186,7 @@ def test_retrieval_bonus_once_per_gold_document(search):
     assert env.step(call("search", query="Louvre museum")).reward == 0.0  # already found
     assert env.step(call("search", query="Danube") + call("search", query="Mona Lisa")).reward == 0.25
     end = env.step("<answer>Paris</answer>")
-    assert end.info["metrics"]["found_gold"] == 2 and end.info["metrics"]["search_recall"] == 1.0
+    assert end.info.metrics["found_gold"] == 2 and end.info.metrics["search_recall"] == 1.0
     env.reset(TASK)  # a new episode finds them afresh
     assert env.step(call("search", query="Louvre museum")).reward == 0.25
 
@@ -320,7 +320,7 @@ def test_model_chosen_names_and_messages_are_capped_in_observations(search):
     env.reset(TASK)
     res = env.step(call("x" * 300_000, query="a"))
     (message,) = res.observation
-    assert res.info["format_error"] and len(message["name"]) < 100 and len(message["content"]) < 600
+    assert res.info.format_error and len(message["name"]) < 100 and len(message["content"]) < 600
     assert message["content"].startswith("Error: unknown tool 'xxx") and "[truncated" in message["content"]
     res = env.step(call("search", **{"k" * 10_000: 1}))
     assert len(res.observation[0]["content"]) < 600
@@ -334,14 +334,14 @@ def test_pathological_json_is_a_format_error(search, body, problem):
     env = MultiHopQAEnv(search)
     env.reset(TASK)
     res = env.step(f"<tool_call>{body}</tool_call>")
-    assert not res.done and res.info["format_error"] and problem in res.observation[0]["content"]
+    assert not res.done and res.info.format_error and problem in res.observation[0]["content"]
 
 
 def test_a_tool_result_that_cannot_be_scored_is_a_tool_error_and_the_episode_goes_on():
     env = MultiHopQAEnv(hostile_search, retrieval_bonus=0.5)
     env.reset(TASK)
     res = env.step(call("search", query="badtitles:x"))
-    assert not res.done and res.reward == 0.0 and res.info["tool_errors"] == 1 and not res.info["format_error"]
+    assert not res.done and res.reward == 0.0 and res.info.tool_errors == 1 and not res.info.format_error
     assert res.observation[-1]["content"].startswith("Error: the tool results could not be scored: TypeError")
     res = env.step(call("search", query="unprintable:x"))
     assert res.observation[0]["content"] == "Error: tool 'search' raised Unprintable: (its message could not be read)"
@@ -356,4 +356,4 @@ def test_a_parser_that_raises_gives_a_format_error(search):
     env = ToolEnv([search], parser=Fragile())
     env.reset({"prompt": "hi"})
     res = env.step("anything")
-    assert res.info["format_error"] and "could not be parsed (RecursionError)" in res.observation[0]["content"]
+    assert res.info.format_error and "could not be parsed (RecursionError)" in res.observation[0]["content"]

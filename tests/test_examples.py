@@ -63,9 +63,9 @@ def test_city_facts_oracle_scores_full_marks(tmp_path):
         env.reset(task)
         for text in env.oracle_turns(task):
             res = env.step(text)
-        assert res.done and res.info["final_reward"] == 1.0, task
-        assert res.info["metrics"] == {"em": 1.0, "lookup_hit": 1.0, "calc_calls": float(task["hops"] == 2)}
-        assert res.info["answer"].lstrip("-").isdigit()
+        assert res.done and res.info.final_reward == 1.0, task
+        assert res.info.metrics == {"em": 1.0, "lookup_hit": 1.0, "calc_calls": float(task["hops"] == 2)}
+        assert res.info.answer.lstrip("-").isdigit()
 
 
 @pytest.mark.slow

@@ -108,14 +108,15 @@ def test_training_flow_runs_every_stage_and_registers(trained):
     # Prefect: each piece of each RL iteration is a task run; progress and report artifacts
     task_runs, artifacts = _flow_run_records(trained["state"].state_details.flow_run_id)
     names = {t.name for t in task_runs}
-    per_iteration = {f"{p}-grpo-{i}" for p in ("rollout", "annotate", "update", "end-iteration") for i in (1, 2)}
+    phases = ("sample_episodes", "build_train_batch", "update_policy", "end_iteration")
+    per_iteration = {f"{p}-grpo-{i}" for p in phases for i in (1, 2)}
     assert per_iteration <= names
     assert {"prepare", "sft", "rl-setup", "rl-finish", "evaluate", "register"} <= {n.rsplit("-", 1)[0] for n in names}
     assert all(t.state.is_completed() for t in task_runs)
     # the data passed between the pieces (opaque to Prefect) still links them in the run graph
     by_name = {t.name: t for t in task_runs}
-    assert [i.id for i in by_name["annotate-grpo-2"].task_inputs["trajs"]] == [by_name["rollout-grpo-2"].id]
-    assert [i.id for i in by_name["end-iteration-grpo-2"].task_inputs["stats"]] == [by_name["update-grpo-2"].id]
+    assert [i.id for i in by_name["build_train_batch-grpo-2"].task_inputs["trajs"]] == [by_name["sample_episodes-grpo-2"].id]
+    assert [i.id for i in by_name["end_iteration-grpo-2"].task_inputs["stats"]] == [by_name["update_policy-grpo-2"].id]
     by_type = {a.type: a for a in artifacts}
     assert by_type["progress"].data == 100.0 and "iteration 2/2" in by_type["progress"].description
     report = by_type["markdown"].data

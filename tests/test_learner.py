@@ -1,6 +1,7 @@
 """The DeepSpeed learner: masking of observations, updates under every ZeRO stage,
 micro-batching invariance, checkpoints, and the critic path."""
 
+import dataclasses
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from agent_r1.algorithms import ADVANTAGES, AdvantageInputs, get_advantage, ppo_
 from agent_r1.config import RLConfig
 from agent_r1.learner import Learner, LearnerConfig, ValueModel, token_logprobs
 from agent_r1.models import default_device, load_model
-from agent_r1.pipeline.rl_driver import annotate
+from agent_r1.pipeline.rl_driver import build_train_batch
 from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
 
 
@@ -54,20 +55,20 @@ def loaded_state(path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_every_advantage_is_exactly_zero_on_observation_tokens(name, tok):
     batch = batch_of(make_trajs(), tok.pad_token_id)
-    obs = (batch["attention_mask"] == 1) & (batch["action_mask"] == 0)
-    assert obs.any() and batch["action_mask"].any()
+    obs = (batch.attention_mask == 1) & (batch.action_mask == 0)
+    assert obs.any() and batch.action_mask.any()
     g = torch.Generator().manual_seed(0)
     adv, _ = get_advantage(name)(
         AdvantageInputs(
-            token_rewards=batch["token_rewards"],
-            mask=batch["adv_mask"],
-            group_ids=batch["group_ids"],
-            values=torch.randn(batch["input_ids"].shape, generator=g),
-            step_ids=batch["step_ids"],
+            token_rewards=batch.token_rewards,
+            mask=batch.adv_mask,
+            group_ids=batch.group_ids,
+            values=torch.randn(batch.input_ids.shape, generator=g),
+            step_ids=batch.step_ids,
         )
     )
-    assert adv[batch["action_mask"] == 0].eq(0).all()
-    assert adv[batch["action_mask"] == 1].ne(0).any()
+    assert adv[batch.action_mask == 0].eq(0).all()
+    assert adv[batch.action_mask == 1].ne(0).any()
 
 
 class KeepLogits(torch.nn.Module):
@@ -90,26 +91,26 @@ def test_observation_tokens_get_no_policy_gradient(tok, make_model):
     model = KeepLogits(make_model(seed=2, std=0.3))
 
     def loss_of(batch, adv, old):
-        logp = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-        return ppo_clip_loss(logp, old, adv, batch["loss_mask"])[0], logp
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        return ppo_clip_loss(logp, old, adv, batch.loss_mask)[0], logp
 
     batch = batch_of(trajs, tok.pad_token_id)
     g = torch.Generator().manual_seed(0)
-    adv = torch.randn(batch["input_ids"].shape, generator=g)
+    adv = torch.randn(batch.input_ids.shape, generator=g)
     with torch.no_grad():
-        old = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        old = token_logprobs(model, batch.input_ids, batch.attention_mask)
     old = old + 0.05 * torch.randn(old.shape, generator=g)  # ratios stay inside the clip range
     loss, _ = loss_of(batch, adv, old)
     loss.backward()
     # logits[t] predict token t+1: their gradient is zero exactly where token t+1 is not an action
     grad = model.logits.grad.abs().sum(-1)  # [B, T]
     predicts_action = torch.zeros_like(grad, dtype=torch.bool)
-    predicts_action[:, :-1] = batch["action_mask"][:, 1:].bool()
+    predicts_action[:, :-1] = batch.action_mask[:, 1:].bool()
     assert grad[~predicts_action].eq(0).all()
     assert grad[predicts_action].gt(0).all()
 
     # perturbing an observation token's advantage or old log-prob leaves the loss unchanged ...
-    obs = (batch["attention_mask"] == 1) & (batch["action_mask"] == 0)
+    obs = (batch.attention_mask == 1) & (batch.action_mask == 0)
     obs[:, 0] = False
     noise = torch.randn(adv.shape, generator=g) * obs
     with torch.no_grad():
@@ -126,9 +127,9 @@ def test_observation_tokens_get_no_policy_gradient(tok, make_model):
 
 def rl_batch(learner, tok, seed=0):
     batch = batch_of(make_trajs(seed), tok.pad_token_id)
-    batch["old_logprobs"] = learner.logprobs(batch)
+    batch.old_logprobs = learner.logprobs(batch)
     g = torch.Generator().manual_seed(seed)
-    batch["advantages"] = torch.randn(batch["input_ids"].shape, generator=g) * batch["action_mask"]
+    batch.advantages = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
     return batch
 
 
@@ -149,7 +150,7 @@ def test_update_changes_the_policy_under_each_zero_stage(stage, tok, make_model,
         live = state(learner.model)
         assert all(torch.equal(live[k], after[k]) for k in after)
     # a second pass sees the policy moved: new log-probs differ from the old ones
-    assert not torch.allclose(learner.logprobs(batch), batch["old_logprobs"])
+    assert not torch.allclose(learner.logprobs(batch), batch.old_logprobs)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
@@ -215,14 +216,14 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
         critic=ValueModel(make_model(seed=9)), precision="fp32",
     )
     assert learner.critic.module.head.weight.eq(0).all()
-    batch = annotate(learner, make_trajs(seed=4), RLConfig(algorithm=algorithm, group_size=2), tok.pad_token_id)
+    batch = build_train_batch(learner, make_trajs(seed=4), RLConfig(algorithm=algorithm, group_size=2), tok.pad_token_id)
     for key in ("old_values", "returns", "ref_logprobs", "advantages"):
-        assert key in batch
-    assert batch["old_values"].eq(0).all()  # zero-initialised head
+        assert getattr(batch, key) is not None, key
+    assert batch.old_values.eq(0).all()  # zero-initialised head
     # the reference is the same network as the starting policy
-    torch.testing.assert_close(batch["ref_logprobs"], learner.logprobs(batch))
-    off = batch["adv_mask"] == 0
-    assert batch["advantages"][off].eq(0).all() and batch["returns"][off].eq(0).all()
+    torch.testing.assert_close(batch.ref_logprobs, learner.logprobs(batch))
+    off = batch.adv_mask == 0
+    assert batch.advantages[off].eq(0).all() and batch.returns[off].eq(0).all()
     stats = learner.update(batch)
     assert {"critic/loss", "policy/kl", "policy/pg_loss"} <= stats.keys()
     assert learner.critic.module.head.weight.ne(0).any()
@@ -230,12 +231,12 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
     # the critic has its own body: training it did not touch the frozen reference or share the policy's
     assert learner.critic.module.body is not learner.model.get_decoder()
     new_values = learner.values(batch)
-    assert not torch.allclose(new_values, batch["old_values"])
+    assert not torch.allclose(new_values, batch.old_values)
 
 
 def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, make_model):
     """A GRPO group whose samples all got one reward has zero advantage: the update skips its
-    rows (and annotate their old log-probs), and the step equals the one over every row."""
+    rows (and build_train_batch computes their old log-probs), and the step equals the one over every row."""
     trajs = make_trajs(seed=6, n=8)
     for t in trajs[:4]:  # groups 0 and 1: every sample gets the same reward
         t.final_reward = 1.0
@@ -246,12 +247,12 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, m
     for skip in (True, False):
         learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2, mini_batches=2), precision="fp32")
         if not skip:  # the reference: every row counted as live
-            learner.policy_rows = lambda b: torch.arange(len(b["input_ids"]))
-        batch = annotate(learner, trajs, cfg, tok.pad_token_id)
-        dead = ~(batch["advantages"] != 0).any(1)
+            learner.policy_rows = lambda b: torch.arange(len(b.input_ids))
+        batch = build_train_batch(learner, trajs, cfg, tok.pad_token_id)
+        dead = ~(batch.advantages != 0).any(1)
         assert dead[:4].all() and (~dead).any()  # one sequence per full-history trajectory
         if skip:  # no old log-probs were computed for the skipped rows
-            assert batch["old_logprobs"][dead].eq(0).all() and batch["old_logprobs"][~dead].ne(0).any()
+            assert batch.old_logprobs[dead].eq(0).all() and batch.old_logprobs[~dead].ne(0).any()
         stats = learner.update(batch, torch.Generator().manual_seed(0))
         results.append((stats, state(learner.model)))
     (skipped, after_skip), (full, after_full) = results
@@ -265,8 +266,8 @@ def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, m
 
 def test_no_row_is_skipped_when_a_kl_or_entropy_term_gives_it_a_gradient(tok, make_model):
     batch = batch_of(make_trajs(), tok.pad_token_id)
-    batch["advantages"] = torch.zeros(batch["input_ids"].shape)
-    n = len(batch["input_ids"])
+    batch.advantages = torch.zeros(batch.input_ids.shape)
+    n = len(batch.input_ids)
     assert len(Learner(make_model(seed=1), LearnerConfig(), precision="fp32").policy_rows(batch)) == 0
     assert len(Learner(make_model(seed=1), LearnerConfig(entropy_coef=0.01), precision="fp32").policy_rows(batch)) == n
     with_kl = Learner(make_model(seed=1), LearnerConfig(kl_coef=0.1), reference=make_model(seed=1), precision="fp32")
@@ -301,17 +302,17 @@ def test_length_grouped_batches_cover_an_epoch_once_with_little_padding():
 
 
 def test_a_single_step_update_needs_no_old_logprob_pass(tok, make_model):
-    """One epoch, one mini-batch: annotate computes no old log-probs, and the step equals the one
+    """One epoch, one mini-batch: build_train_batch computes no old log-probs, and the step equals the one
     with old log-probs recomputed by a separate forward pass (the ratio is 1 either way)."""
     trajs = make_trajs(seed=6, n=8)
     cfg = RLConfig(algorithm="grpo", group_size=2)
     learner = Learner(make_model(seed=11), LearnerConfig(lr=1e-2), precision="fp32")
     assert learner.single_step and not Learner(make_model(seed=11), LearnerConfig(mini_batches=2), precision="fp32").single_step
-    batch = annotate(learner, trajs, cfg, tok.pad_token_id)
-    assert "old_logprobs" not in batch
+    batch = build_train_batch(learner, trajs, cfg, tok.pad_token_id)
+    assert batch.old_logprobs is None
     learner.update(batch)
     reference = Learner(make_model(seed=11), LearnerConfig(lr=1e-2), precision="fp32")
-    with_old = dict(batch, old_logprobs=reference.logprobs(batch))
+    with_old = dataclasses.replace(batch, old_logprobs=reference.logprobs(batch))
     reference.update(with_old)
     changed = [k for k, v in state(learner.model).items() if not torch.equal(v, state(make_model(seed=11))[k])]
     assert changed
@@ -333,7 +334,7 @@ def test_lora_trains_only_adapters_and_saves_a_plain_merged_checkpoint(tok, make
     plain = make_model(seed=11)
     torch.testing.assert_close(learner.logprobs(batch), learner.logprobs(batch, model=plain))
     learner.update(batch)
-    assert not torch.allclose(learner.logprobs(batch), batch["old_logprobs"])  # the policy moved
+    assert not torch.allclose(learner.logprobs(batch), batch.old_logprobs)  # the policy moved
     frozen = {k: v for k, v in state(model).items() if "lora_" not in k}
     assert all(torch.equal(v, before[k.replace(".base.", ".")]) for k, v in frozen.items())
     # the checkpoint is the original architecture with the adapters merged, and scores the same

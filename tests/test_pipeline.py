@@ -169,13 +169,13 @@ def test_naive_rag_puts_the_question_s_passages_in_the_prompt_and_takes_one_answ
     assert "(1) Danube:" in user and user.endswith(f"Question: {task['question']}")
     assert env.metrics["tool_calls"] == 0 and env.found_gold == {"Danube"}
     res = env.step("<answer>Danube</answer>")
-    assert res.done and res.info["metrics"]["em"] == 1.0 and res.info["metrics"]["search_recall"] == 1.0
+    assert res.done and res.info.metrics["em"] == 1.0 and res.info.metrics["search_recall"] == 1.0
     env.reset(task)
     res = env.step("\n Danube\nIt flows through Vienna.")  # no tag: the first non-blank line answers
-    assert res.done and res.info["answer"] == "Danube" and res.info["metrics"]["em"] == 1.0
+    assert res.done and res.info.answer == "Danube" and res.info.metrics["em"] == 1.0
     env.reset(task)
     res = env.step('<tool_call>{"name": "search", "arguments": {"query": "Danube"}}</tool_call>')
-    assert res.done and res.info["metrics"]["em"] == 0.0 and res.info["tool_calls"] == []  # no search: one turn
+    assert res.done and res.info.metrics["em"] == 0.0 and res.info.tool_calls == []  # no search: one turn
     assert MultiHopQAEnv(search).max_turns > 1
 
 

@@ -12,7 +12,8 @@ from agent_r1.config import ConfigError, RLConfig, load_config, parse_overrides
 from agent_r1.context import ContextManager
 from agent_r1.envs import MultiHopQAEnv, ToolEnv
 from agent_r1.learner import Learner, LearnerConfig, ValueModel
-from agent_r1.pipeline.rl_driver import RLTrainer, annotate
+from agent_r1.pipeline.rl_driver import (RLTrainer, build_train_batch, end_iteration, sample_episodes,
+                                         update_policy)
 from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
 
@@ -58,19 +59,19 @@ def test_retrieval_bonus_reaches_the_advantages(algorithm, searched_trajs, froze
     # the same turns, token for token, apart from the reward
     assert [s.action_ids for t in with_bonus for s in t.steps] == [s.action_ids for t in without for s in t.steps]
 
-    b1 = annotate(frozen_learner, with_bonus, cfg, tok.pad_token_id)
-    b0 = annotate(frozen_learner, without, cfg, tok.pad_token_id)
-    assert torch.equal(b1["input_ids"], b0["input_ids"])
+    b1 = build_train_batch(frozen_learner, with_bonus, cfg, tok.pad_token_id)
+    b0 = build_train_batch(frozen_learner, without, cfg, tok.pad_token_id)
+    assert torch.equal(b1.input_ids, b0.input_ids)
     # the step reward sits on the last token of the searching turn
-    first_turn = (b1["step_ids"][0] == 0).nonzero().max()
-    assert b1["token_rewards"][0, first_turn] == 0.5 and b1["token_rewards"].sum() == 0.5
-    assert b0["advantages"].eq(0).all()  # equal scores: nothing to learn without the bonus
-    assert not torch.allclose(b1["advantages"], b0["advantages"])
-    act = b1["action_mask"].bool()
+    first_turn = (b1.step_ids[0] == 0).nonzero().max()
+    assert b1.token_rewards[0, first_turn] == 0.5 and b1.token_rewards.sum() == 0.5
+    assert b0.advantages.eq(0).all()  # equal scores: nothing to learn without the bonus
+    assert not torch.allclose(b1.advantages, b0.advantages)
+    act = b1.action_mask.bool()
     if algorithm == "grpo":  # the gold search makes the whole first episode better than the second
-        assert (b1["advantages"][0][act[0]] > 0).all() and (b1["advantages"][1][act[1]] < 0).all()
+        assert (b1.advantages[0][act[0]] > 0).all() and (b1.advantages[1][act[1]] < 0).all()
     else:  # return-to-go: the searching turn is credited, the later answer turn is not
-        steps, adv = b1["step_ids"][0], b1["advantages"][0]
+        steps, adv = b1.step_ids[0], b1.advantages[0]
         assert adv[steps == 0].min() > adv[steps == 1].max()
 
 
@@ -125,9 +126,10 @@ def test_one_gae_iteration_trains_policy_and_critic(tok, make_model):
     , precision="fp32")
     trainer = _trainer(learner, tok, cfg)
     before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    trajs = trainer.rollout()
+    trajs = sample_episodes(trainer)
     assert len(trajs) == 8 and min(t.total_reward for t in trajs) < max(t.total_reward for t in trajs)
-    stats = trainer.end_iteration(trajs, trainer.update(trainer.annotate(trajs)))
+    batch = build_train_batch(learner, trajs, cfg, tok.pad_token_id)
+    stats = end_iteration(trainer, trajs, update_policy(trainer, batch))
     assert {"critic/loss", "policy/pg_loss"} <= stats.keys() and stats["critic/loss"] > 0
     assert stats["iteration"] == trainer.iteration == 1
     after = learner.model.state_dict()

@@ -67,7 +67,7 @@ def test_oracle_demonstration_is_tokenized_like_a_rollout():
     env.reset(task)
     for step in demo.steps:
         res = env.step(step.action_text)
-    assert res.done and res.info["metrics"]["em"] == 1.0
+    assert res.done and res.info.metrics["em"] == 1.0
 
 
 # the tiny pipeline at test sizes (a run in well under a minute)

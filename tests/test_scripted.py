@@ -74,4 +74,4 @@ def test_a_prompt_that_leaves_no_room_for_a_turn_is_a_clear_error():
                      max_context_tokens=prompt)
     trajs = run_episodes(engine, lambda: ToolEnv([lookup], max_turns=3), tasks, context, SamplingParams(max_new_tokens=16),
                          max_context_tokens=prompt + 16)
-    assert trajs[0].metrics["stop_reason"] == "answer" and trajs[0].final_reward == 0.0
+    assert trajs[0].stop_reason == "answer" and trajs[0].final_reward == 0.0

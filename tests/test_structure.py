@@ -114,15 +114,19 @@ def test_only_tracking_imports_mlflow():
 
 
 def test_one_implementation_of_the_rl_iteration():
-    """The iteration's phases are called in one place: RLTrainer.step."""
-    callers = []
+    """Each phase of the iteration has one definition (agent_r1/pipeline/rl_driver.py), and the
+    phases are called in one place, RLTrainer.step, which the flow's runner wraps as tasks."""
+    phases = {"sample_episodes", "build_train_batch", "update_policy", "end_iteration"}
+    defined, callers = [], []
     for path in sorted(PACKAGE.parent.glob("*/**/*.py")):
         if any(p.startswith(".venv") for p in path.parts) or "tests" in path.parts:  # .venv, .venv-vllm
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                called = {c.func.attr for c in ast.walk(node) if isinstance(c, ast.Call)
-                          and isinstance(c.func, ast.Attribute)}
-                if {"rollout", "annotate", "update", "end_iteration"} <= called:
+                if node.name in phases:
+                    defined.append(f"{path.relative_to(PACKAGE.parent)}:{node.name}")
+                named = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if phases <= named:
                     callers.append(f"{path.relative_to(PACKAGE.parent)}:{node.name}")
+    assert sorted(defined) == sorted(f"agent_r1/pipeline/rl_driver.py:{p}" for p in phases)
     assert callers == ["agent_r1/pipeline/rl_driver.py:step"]

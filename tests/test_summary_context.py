@@ -69,7 +69,7 @@ def test_training_tokens_equal_rollout_tokens_across_a_summarised_episode(tok, c
     cm = Summary(tok, budget=60, keep=1)
     (traj,) = run_episodes(engine, lambda: MultiHopQAEnv(search, system_prompt=None), [tasks[0]], cm,
                            SamplingParams(max_new_tokens=64))
-    assert len(traj.steps) == 4 and traj.metrics["stop_reason"] == "answer"
+    assert len(traj.steps) == 4 and traj.stop_reason == "answer"
     assert [s.context_ids for s in traj.steps] == seen  # each step stores what the policy saw
     summarised = [s for s in traj.steps if "Found in earlier turns" in tok.decode(s.context_ids)]
     assert len(summarised) >= 2  # the budget was passed and the history summarised

@@ -1,17 +1,8 @@
-"""Step/Trajectory records: parquet round trip and packing into training tensors."""
+"""Step/Trajectory records and their packing into the learner's TrainBatch."""
 
 import torch
 
-from agent_r1.trajectory import (
-    Step,
-    Trajectory,
-    collate,
-    from_frame,
-    load_parquet,
-    save_parquet,
-    to_frame,
-    to_sequences,
-)
+from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
 
 PAD = 0
 P = [11, 12, 13]  # prompt
@@ -50,41 +41,6 @@ def sliding_window() -> Trajectory:
         ],
         final_reward=1.0,
     )
-
-
-def test_parquet_round_trip_keeps_every_field(tmp_path):
-    trajs = [
-        Trajectory(
-            task_id="q1",
-            group_id=4,
-            steps=[
-                Step(
-                    [1, 2, 3],
-                    [4, 5],
-                    [-0.125, -2.5],
-                    action_text='<tool_call>{"name": "search"}</tool_call> é',
-                    tool_calls=[{"name": "search", "arguments": {"query": "Mona Lisa", "k": [1, 2]}}],
-                    observation=[{"role": "tool", "name": "search", "content": "(1) Louvre: …"}],
-                    reward=0.5,
-                    format_error=True,
-                    tool_errors=2,
-                    hit_max_new_tokens=True,
-                ),
-                Step([1, 2, 3, 4, 5, 9], [6], [-0.75], action_text="<answer>x</answer>"),
-            ],
-            final_reward=-1.0,
-            metrics={"em": 0.0, "stop_reason": "answer", "tool_calls": 1},
-        ),
-        Trajectory(task_id="q2", group_id=4, steps=[Step([7], [8, 2], [-1e-9, -30.0])], final_reward=1.0),
-    ]
-    path = tmp_path / "rollout.parquet"
-    save_parquet(trajs, path)
-    back = load_parquet(path)
-    assert back == trajs
-    # flags survive with their Python types, not numpy ones
-    s = back[0].steps[0]
-    assert type(s.format_error) is bool and type(s.hit_max_new_tokens) is bool and type(s.tool_errors) is int
-    assert from_frame(to_frame(back)) == trajs
 
 
 def test_full_history_is_one_sequence_with_actions_and_rewards_in_place():
@@ -130,25 +86,25 @@ def test_collate_pads_and_widens_masks_when_ablated():
     long, short = seqs[0], seqs[1]
     T = len(long.ids)
     masked = collate(seqs, PAD)
-    assert masked["input_ids"].shape == (2, T)
-    assert masked["input_ids"][1, len(short.ids) :].eq(PAD).all()
-    assert masked["attention_mask"].sum(1).tolist() == [T, len(short.ids)]
-    assert masked["group_ids"].tolist() == [7, 3]
+    assert masked.input_ids.shape == (2, T)
+    assert masked.input_ids[1, len(short.ids) :].eq(PAD).all()
+    assert masked.attention_mask.sum(1).tolist() == [T, len(short.ids)]
+    assert masked.group_ids.tolist() == [7, 3]
     action = torch.tensor(long.action, dtype=torch.float)
-    assert torch.equal(masked["loss_mask"][0], action) and torch.equal(masked["adv_mask"][0], action)
-    assert torch.equal(masked["token_rewards"][0], torch.tensor(long.rewards))
-    assert masked["step_ids"][1, len(short.ids) :].eq(-1).all()
+    assert torch.equal(masked.loss_mask[0], action) and torch.equal(masked.adv_mask[0], action)
+    assert torch.equal(masked.token_rewards[0], torch.tensor(long.rewards))
+    assert masked.step_ids[1, len(short.ids) :].eq(-1).all()
 
     wide = collate(seqs, PAD, loss_mask=False, adv_mask=False)
     after_prompt = torch.zeros(2, T)
     after_prompt[0, len(P) : T] = 1
     after_prompt[1, len(P) : len(short.ids)] = 1
-    assert torch.equal(wide["loss_mask"], after_prompt)
-    assert torch.equal(wide["adv_mask"], after_prompt)
+    assert torch.equal(wide.loss_mask, after_prompt)
+    assert torch.equal(wide.adv_mask, after_prompt)
     # the widened masks cover the observation tokens that the action mask leaves out
-    obs = (wide["loss_mask"] == 1) & (wide["action_mask"] == 0)
+    obs = (wide.loss_mask == 1) & (wide.action_mask == 0)
     assert obs[0].sum() == len(O0) + len(O1)
     # one mask can be widened alone
     only_loss = collate(seqs, PAD, loss_mask=False, adv_mask=True)
-    assert torch.equal(only_loss["loss_mask"], after_prompt)
-    assert torch.equal(only_loss["adv_mask"], masked["action_mask"])
+    assert torch.equal(only_loss.loss_mask, after_prompt)
+    assert torch.equal(only_loss.adv_mask, masked.action_mask)

@@ -184,7 +184,7 @@ def test_a_tool_returning_no_text_is_a_tool_error():
     env = ToolEnv([make(None)], max_turns=3)
     env.reset({"question": "q"})
     step = env.step('<tool_call>{"name": "odd", "arguments": {"x": "a"}}</tool_call>')
-    assert step.info["tool_errors"] == 1 and env.metrics["tool_errors"] == 1
+    assert step.info.tool_errors == 1 and env.metrics["tool_errors"] == 1
     assert step.observation[0]["content"].startswith("Error: tool 'odd' returned NoneType")
 
 

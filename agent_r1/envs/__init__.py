@@ -5,7 +5,7 @@ from agent_r1.envs.metrics import Metric, MetricError, aggregate
 from agent_r1.envs.parsers import PARSERS, HermesParser, ParsedTurn, ToolCall, ToolCallParser, get_parser
 from agent_r1.envs.qa import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.envs.registry import ENVS, env_tools, get_env, make_env_factory, register_env
-from agent_r1.envs.tool_env import EnvStep, ToolEnv
+from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
 
 register_env("multihop_qa")(MultiHopQAEnv)
 register_env("naive_rag")(NaiveRAGEnv)
@@ -14,6 +14,7 @@ __all__ = [
     "ENVS",
     "PARSERS",
     "EnvStep",
+    "StepInfo",
     "HermesParser",
     "Metric",
     "MetricError",

@@ -6,7 +6,7 @@ import json
 
 from agent_r1.envs.metrics import Metric
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
-from agent_r1.envs.tool_env import EnvStep, ToolEnv
+from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
 from agent_r1.rewards import (
     answer_score,
     compose_reward,
@@ -155,6 +155,4 @@ class NaiveRAGEnv(MultiHopQAEnv):
         answer = extract_answer(action_text)
         if answer is None:
             answer = next((line.strip() for line in action_text.splitlines() if line.strip()), None)
-        info = {"tool_calls": [], "answer": answer, "format_error": False, "tool_errors": 0, "timed_out": 0,
-                "truncated": 0, "errors": []}
-        return self._finish([], 0.0, info, "answer", action_text)
+        return self._finish([], 0.0, StepInfo(answer=answer), "answer", action_text)

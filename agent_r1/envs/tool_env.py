@@ -19,15 +19,30 @@ from agent_r1.tools.base import Tool, ToolResult, _describe, _truncate, as_text,
 
 
 @dataclass
+class StepInfo:
+    """What one step did, beside its observation and reward."""
+
+    tool_calls: list[dict] = field(default_factory=list)  # {"name", "arguments"} of each call parsed
+    answer: str | None = None  # the answer the turn gave, if it gave one
+    format_error: bool = False  # a bad call, unknown tool or bad arguments (the format penalty applies)
+    tool_errors: int = 0  # calls that failed (raised, timed out, could not be scored)
+    timed_out: int = 0  # calls stopped by their timeout
+    truncated: int = 0  # tool outputs cut at the tool's max_output_chars
+    errors: list[str] = field(default_factory=list)  # every problem, as shown to the model
+    # set on the step that ends the episode
+    stop_reason: str | None = None  # "answer", "max_turns", "token_budget"
+    final_reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # final_reward's declared metrics
+
+
+@dataclass
 class EnvStep:
     # chat messages {"role": "tool", "name", "content"}: one per tool call, named after the tool,
     # and one per format problem not tied to a call, named "error"
     observation: list[dict]
     reward: float  # step reward (format penalty + process reward)
     done: bool
-    # tool_calls, answer, format_error, tool_errors, timed_out, truncated, errors; when done also
-    # final_reward, stop_reason and metrics (final_reward's declared metrics, as floats)
-    info: dict = field(default_factory=dict)
+    info: StepInfo = field(default_factory=StepInfo)
 
 
 _MAX_NAME_CHARS, _MAX_ERROR_CHARS = 64, 500  # a tool name / an error message as shown to the model
@@ -142,19 +157,11 @@ class ToolEnv:
             parsed = self.parser.parse(action_text)
         except Exception as e:  # noqa: BLE001 - a parser (pluggable) that fails on some text
             parsed = ParsedTurn(errors=[f"the turn could not be parsed ({type(e).__name__})"])
-        info: dict = {
-            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls],
-            "answer": None,
-            "format_error": False,
-            "tool_errors": 0,
-            "timed_out": 0,
-            "truncated": 0,
-            "errors": [],
-        }
+        info = StepInfo(tool_calls=[{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls])
         if parsed.answer is not None and not parsed.errors:
-            info["answer"] = parsed.answer
+            info.answer = parsed.answer
             reward, observation = self._step_reward(parsed, [], info)
-            self.metrics["tool_errors"] += info["tool_errors"]
+            self.metrics["tool_errors"] += info.tool_errors
             return self._finish(observation, reward, info, "answer", action_text)
         if None not in (self.max_context_tokens, context_tokens) and context_tokens >= self.max_context_tokens:
             return self._finish([], 0.0, info, "token_budget", action_text)
@@ -162,27 +169,27 @@ class ToolEnv:
         observation, results = self._run_turn(parsed, info)
         reward, failed = self._step_reward(parsed, results, info)
         observation += failed
-        reward += self.format_penalty if info["format_error"] else 0.0
+        reward += self.format_penalty if info.format_error else 0.0
         m = self.metrics
         m["tool_calls"] += len(results)
-        m["format_errors"] += int(info["format_error"])
-        m["tool_errors"] += info["tool_errors"]
-        m["timeouts"] += info["timed_out"]
-        m["truncated_tool_outputs"] += info["truncated"]
+        m["format_errors"] += int(info.format_error)
+        m["tool_errors"] += info.tool_errors
+        m["timeouts"] += info.timed_out
+        m["truncated_tool_outputs"] += info.truncated
         if self.metrics["turns"] >= self.max_turns:
             return self._finish(observation, reward, info, "max_turns", action_text)
         return EnvStep(observation, reward, False, info)
 
     def _run_turn(
-        self, parsed: ParsedTurn, info: dict
+        self, parsed: ParsedTurn, info: StepInfo
     ) -> tuple[list[dict], list[tuple[ToolCall, ToolResult]]]:
         """Run the turn's valid calls; returns the observation and the (call, result) pairs run.
-        Records every problem in ``info["errors"]``, format problems in ``info["format_error"]``."""
+        Records every problem in ``info.errors``, format problems in ``info.format_error``."""
 
         def error(message: str, name: str = "error") -> dict:
             message = _truncate(message, _MAX_ERROR_CHARS)[0]
-            info["errors"].append(message)
-            info["format_error"] = True
+            info.errors.append(message)
+            info.format_error = True
             return _message(name, f"Error: {message}")
 
         if parsed.errors:
@@ -202,10 +209,10 @@ class ToolEnv:
             results.append((call, result))
             observation.append(_message(call.name, result.text))
             if result.error is not None:
-                info["errors"].append(result.error)
-                info["tool_errors"] += 1
-            info["timed_out"] += result.timed_out
-            info["truncated"] += result.truncated
+                info.errors.append(result.error)
+                info.tool_errors += 1
+            info.timed_out += result.timed_out
+            info.truncated += result.truncated
         if len(parsed.tool_calls) > len(calls):
             extra = len(parsed.tool_calls) - len(calls)
             limit = self.max_tool_calls_per_turn
@@ -213,7 +220,7 @@ class ToolEnv:
         return observation, results
 
     def _step_reward(
-        self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]], info: dict
+        self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]], info: StepInfo
     ) -> tuple[float, list[dict]]:
         """`step_reward` and no message; or, when it fails (say, on malformed ``info`` from a
         tool), 0, a tool error in `info` and an error message for the observation."""
@@ -221,23 +228,22 @@ class ToolEnv:
             return float(self.step_reward(parsed, results)), []
         except Exception as e:  # noqa: BLE001 - what the tools returned could not be scored
             message = f"the tool results could not be scored: {_describe(e, _MAX_ERROR_CHARS)}"
-            info["errors"].append(message)
-            info["tool_errors"] += 1
+            info.errors.append(message)
+            info.tool_errors += 1
             return 0.0, [_message("error", f"Error: {message}")]
 
     def end(self, stop_reason: str) -> EnvStep:
         """End the episode without a turn (the rollout loop's call when the next turn cannot fit)."""
         if self.done:
             raise RuntimeError("end() called on a finished episode")
-        info = {"tool_calls": [], "answer": None, "format_error": False, "tool_errors": 0, "errors": []}
-        return self._finish([], 0.0, info, stop_reason, "")
+        return self._finish([], 0.0, StepInfo(), stop_reason, "")
 
     def _finish(
-        self, observation: list[dict], reward: float, info: dict, stop_reason: str, action_text: str
+        self, observation: list[dict], reward: float, info: StepInfo, stop_reason: str, action_text: str
     ) -> EnvStep:
         self.done = True
-        final, metrics = self.final_reward(info["answer"], action_text)
-        info.update(final_reward=final, stop_reason=stop_reason, metrics=check_metrics(type(self), metrics))
+        info.final_reward, metrics = self.final_reward(info.answer, action_text)
+        info.stop_reason, info.metrics = stop_reason, check_metrics(type(self), metrics)
         return EnvStep(observation, reward, True, info)
 
     def step_reward(self, parsed: ParsedTurn, results: list[tuple[ToolCall, ToolResult]]) -> float:

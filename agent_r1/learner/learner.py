@@ -30,6 +30,7 @@ from agent_r1.atomic import replace_dir
 from agent_r1.learner.distributed import init_distributed
 from agent_r1.learner.lora import add_lora, merged
 from agent_r1.models import autocast, cache_kwarg, output_cache
+from agent_r1.trajectory import TrainBatch
 
 
 class LearnerConfig(BaseModel):
@@ -189,12 +190,6 @@ def split_by_tokens(rows: torch.Tensor, lengths: torch.Tensor, budget: int) -> l
     return out
 
 
-def _trim(batch: dict, rows: torch.Tensor, device: torch.device | None = None) -> dict:
-    """Select rows, cut the padding columns they do not need, move them to ``device``."""
-    T = int(batch["attention_mask"][rows].sum(1).max())
-    return {k: (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for k, v in batch.items()}
-
-
 def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
@@ -242,32 +237,32 @@ class Learner:
 
     # ---------------------------------------------------------------- forward-only passes
     @torch.no_grad()
-    def logprobs(self, batch: dict, model=None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def logprobs(self, batch: TrainBatch, model=None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Log-probs of ``batch`` at its loss-mask positions (of its ``rows``; everything else
         stays 0) under the policy (or ``model``), micro-batched, no grad."""
         model = model if model is not None else self.model
         was = model.training
         model.eval()
-        out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
-        lengths = batch["attention_mask"].sum(1)
+        out = torch.zeros_like(batch.attention_mask, dtype=torch.float)
+        lengths = batch.attention_mask.sum(1)
         rows = torch.arange(len(lengths)) if rows is None else rows
         for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, micro, _device(model))
-            T = mb["input_ids"].shape[1]
+            mb = batch.select(micro, _device(model))
+            T = mb.input_ids.shape[1]
             with autocast(self.precision, _device(model)):
-                out[micro, :T] = token_logprobs(model, mb["input_ids"], mb["attention_mask"], self.cfg.temperature,
-                                                positions=mb["loss_mask"], share_prefix=self.cfg.share_prefix).float().cpu()
+                out[micro, :T] = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
+                                                positions=mb.loss_mask, share_prefix=self.cfg.share_prefix).float().cpu()
         model.train(was)
         return out
 
     @torch.no_grad()
-    def values(self, batch: dict) -> torch.Tensor:
-        out = torch.zeros_like(batch["attention_mask"], dtype=torch.float)
-        lengths = batch["attention_mask"].sum(1)
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        out = torch.zeros_like(batch.attention_mask, dtype=torch.float)
+        lengths = batch.attention_mask.sum(1)
         for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, rows, _device(self.critic))
+            mb = batch.select(rows, _device(self.critic))
             with autocast(self.precision, _device(self.critic)):
-                out[rows, : mb["input_ids"].shape[1]] = self.critic(mb["input_ids"], mb["attention_mask"]).float().cpu()
+                out[rows, : mb.input_ids.shape[1]] = self.critic(mb.input_ids, mb.attention_mask).float().cpu()
         return out
 
     # ---------------------------------------------------------------- updates
@@ -280,7 +275,7 @@ class Learner:
             return float(mb_mask.sum()) / max(total.tokens, 1.0)
         return float((mb_mask.sum(1) > 0).sum()) / max(total.seqs, 1.0)
 
-    def _accumulate(self, engine, batch: dict, rows: torch.Tensor, mask_key: str, loss_fn,
+    def _accumulate(self, engine, batch: TrainBatch, rows: torch.Tensor, mask_key: str, loss_fn,
                     compute: torch.Tensor | None = None) -> dict:
         """Backward over token-budgeted micro-batches of ``rows``, then one optimizer step.
 
@@ -288,14 +283,14 @@ class Learner:
         they are run, while the loss stays normalised over all of ``rows``, so the step is the
         one over all of them. Metrics are averages over the rows run.
         """
-        mask = batch[mask_key][rows]
+        mask = getattr(batch, mask_key)[rows]
         total = _Weights(float(mask.sum()), float((mask.sum(1) > 0).sum()))
-        lengths = batch["attention_mask"].sum(1)
+        lengths = batch.attention_mask.sum(1)
         sums: dict[str, float] = {}
         w_sum = 0.0
         for micro in split_by_tokens(rows if compute is None else compute, lengths, self.cfg.micro_batch_tokens):
-            mb = _trim(batch, micro, _device(engine))
-            w = self._weight(mb[mask_key], total)
+            mb = batch.select(micro, _device(engine))
+            w = self._weight(getattr(mb, mask_key), total)
             if w == 0:
                 continue
             with autocast(self.precision, _device(engine)):
@@ -314,48 +309,48 @@ class Learner:
         need no forward pass of their own (the ratio is exactly 1 and the gradient that of A·log p)."""
         return self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
 
-    def policy_rows(self, batch: dict) -> torch.Tensor:
+    def policy_rows(self, batch: TrainBatch) -> torch.Tensor:
         """Rows of ``batch`` whose policy loss can have a gradient.
 
         With no KL and no entropy term, a row whose advantages are zero on every loss token
         (for instance a GRPO group whose samples all got the same reward) adds exactly zero to
-        the PPO gradient; :meth:`update` and the old log-probs (``rl.annotate``) skip it.
+        the PPO gradient; :meth:`update` and the old log-probs (``build_train_batch``) skip it.
         """
-        n = len(batch["input_ids"])
+        n = len(batch)
         if (self.reference is not None and self.cfg.kl_coef > 0) or self.cfg.entropy_coef > 0:
             return torch.arange(n)
-        live = ((batch["advantages"] != 0) & batch["loss_mask"].bool()).any(1)
+        live = ((batch.advantages != 0) & batch.loss_mask.bool()).any(1)
         return live.nonzero().squeeze(1)
 
-    def sft_step(self, batch: dict) -> dict:
+    def sft_step(self, batch: TrainBatch) -> dict:
         """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
 
         def loss_fn(mb):
-            logp = token_logprobs(self.model, mb["input_ids"], mb["attention_mask"], positions=mb["loss_mask"],
+            logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, positions=mb.loss_mask,
                                   share_prefix=self.cfg.share_prefix)
-            loss = -aggregate(logp, mb["loss_mask"], self.cfg.loss_agg)
+            loss = -aggregate(logp, mb.loss_mask, self.cfg.loss_agg)
             return loss, {"sft_loss": loss.detach()}
 
         self.engine.train()
-        return self._accumulate(self.engine, batch, torch.arange(len(batch["input_ids"])), "loss_mask", loss_fn)
+        return self._accumulate(self.engine, batch, torch.arange(len(batch)), "loss_mask", loss_fn)
 
-    def update(self, batch: dict, generator: torch.Generator | None = None) -> dict:
+    def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict:
         """PPO-style policy (and critic) epochs over ``batch``.
 
-        ``batch`` holds the collated tensors plus ``advantages``, ``old_logprobs`` (optional when
-        :attr:`single_step`) and, when a
-        reference/critic is used, ``ref_logprobs`` / ``returns`` / ``old_values``.
+        ``batch`` is a :class:`~agent_r1.trajectory.TrainBatch` with ``advantages``, ``old_logprobs``
+        (None when :attr:`single_step`) and, when a reference/critic is used, ``ref_logprobs`` /
+        ``returns`` / ``old_values``.
         """
         cfg = self.cfg
 
         def policy_loss_fn(mb):
             logp, ent = token_logprobs(
-                self.model, mb["input_ids"], mb["attention_mask"], cfg.temperature, with_entropy=True,
-                positions=mb["loss_mask"], share_prefix=cfg.share_prefix,
+                self.model, mb.input_ids, mb.attention_mask, cfg.temperature, with_entropy=True,
+                positions=mb.loss_mask, share_prefix=cfg.share_prefix,
             )
-            mask = mb["loss_mask"]
+            mask = mb.loss_mask
             loss, metrics = self.policy_loss(
-                logp, mb["old_logprobs"] if "old_logprobs" in mb else logp.detach(), mb["advantages"], mask,
+                logp, logp.detach() if mb.old_logprobs is None else mb.old_logprobs, mb.advantages, mask,
                 **self.policy_loss.kwargs(cfg)
             )
             entropy = aggregate(ent, mask, cfg.loss_agg)
@@ -363,31 +358,31 @@ class Learner:
             metrics["policy/pg_loss"] = loss.detach()
             metrics["policy/entropy"] = entropy.detach()
             if self.reference is not None and cfg.kl_coef > 0:
-                kl = aggregate(kl_penalty(logp, mb["ref_logprobs"], cfg.kl_kind), mask, cfg.loss_agg)
+                kl = aggregate(kl_penalty(logp, mb.ref_logprobs, cfg.kl_kind), mask, cfg.loss_agg)
                 loss = loss + cfg.kl_coef * kl
                 metrics["policy/kl"] = kl.detach()
             if cfg.entropy_coef > 0:
                 loss = loss - cfg.entropy_coef * entropy
-            if first_step and "sample_logprobs" in mb:  # before any step: the learner's old log-probs
-                act = mb["action_mask"] * mask.bool()
-                gap = ((logp.detach().float() - mb["sample_logprobs"]).abs() * act).sum() / act.sum().clamp(min=1)
+            if first_step:  # before any step: the learner's old log-probs
+                act = mb.action_mask * mask.bool()
+                gap = ((logp.detach().float() - mb.sample_logprobs).abs() * act).sum() / act.sum().clamp(min=1)
                 metrics["rollout/logprob_gap"] = gap
             return loss, metrics
 
         def critic_loss_fn(mb):
-            v = self.critic(mb["input_ids"], mb["attention_mask"])
+            v = self.critic(mb.input_ids, mb.attention_mask)
             loss, metrics = value_loss(
-                v, mb["old_values"], mb["returns"], mb["adv_mask"], clip=cfg.value_clip, agg=cfg.loss_agg
+                v, mb.old_values, mb.returns, mb.adv_mask, clip=cfg.value_clip, agg=cfg.loss_agg
             )
             return loss, {"critic/" + k: val for k, val in metrics.items()} | {"critic/loss": loss.detach()}
 
         self.engine.train()
-        live = torch.zeros(len(batch["input_ids"]), dtype=torch.bool)
+        live = torch.zeros(len(batch), dtype=torch.bool)
         live[self.policy_rows(batch)] = True
         history: dict[str, list[float]] = {}
         first_step = True  # rollout/logprob_gap: |sampling - learner| log-probs, from the first step's forward
         for _ in range(cfg.ppo_epochs):
-            for rows in self._minibatches(len(batch["input_ids"]), generator):
+            for rows in self._minibatches(len(batch), generator):
                 # a mini-batch with no live row still steps (Adam moves on a zero gradient)
                 compute = rows[live[rows]] if live[rows].any() else None
                 for k, v in self._accumulate(self.engine, batch, rows, "loss_mask", policy_loss_fn, compute).items():
@@ -398,7 +393,7 @@ class Learner:
                         history.setdefault(k, []).append(v)
         stats = {k: sum(v) / len(v) for k, v in history.items()}
         stats["update/live_share"] = float(live.float().mean())  # share of rows the policy update ran
-        stats["update/tokens"] = int(batch["attention_mask"][live].sum()) * cfg.ppo_epochs
+        stats["update/tokens"] = int(batch.attention_mask[live].sum()) * cfg.ppo_epochs
         return stats
 
     # ---------------------------------------------------------------- checkpoints

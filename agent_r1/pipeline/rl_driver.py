@@ -1,9 +1,11 @@
-"""The RL driver: the one implementation of an RL iteration, rollout → annotate → update →
-end_iteration, and the train stage built on it.
+"""The RL driver: the one implementation of an RL iteration, :func:`sample_episodes` →
+:func:`build_train_batch` → :func:`update_policy` → :func:`end_iteration`, and the train stage
+built on it.
 
 :class:`RLTrainer` steps through the iterations; ``agent-r1 train``, ``agent-r1 stage train``
 (``dvc repro``) and the Prefect flows all run :meth:`RLTrainer.run`, the flows with a
-:class:`~agent_r1.pipeline.runner.Runner` that makes each phase a task. Build one from parts
+:class:`~agent_r1.pipeline.runner.Runner` that makes each phase function a task of the same
+name. Build one from parts
 (a learner, an engine, an environment factory, tasks) for a task of your own, or from a
 pipeline config with :meth:`RLTrainer.from_config`.
 
@@ -37,53 +39,107 @@ from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, 
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
 from agent_r1.run import Agent, make_tools, tasks_for
-from agent_r1.trajectory import Trajectory, collate, to_sequences
+from agent_r1.trajectory import TrainBatch, Trajectory, collate, to_sequences
 from agent_r1.transcripts import transcripts
 
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ the phases
-def rollout(engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager, cfg: RLConfig,
-            max_new_tokens: int, max_context_tokens: int | None = None, on_turn=None) -> list[Trajectory]:
-    """``group_size`` sampled episodes per task; episodes of one task share a group id."""
-    reps = [t for t in tasks for _ in range(cfg.group_size)]
-    groups = [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
-    params = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens)
-    return run_episodes(engine, make_env, reps, context, params, groups, max_context_tokens, on_turn)
+# One function per phase of an RL iteration. RLTrainer.step calls them through a Runner: directly,
+# or (the Prefect flow) as tasks named after them.
+def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
+    """This iteration's tasks (``tasks_per_iteration``, drawn with the trainer's generator) and
+    ``group_size`` sampled episodes of each; episodes of one task share a group id. A rollout
+    engine that dies is restarted once and the batch retried with the same seeds."""
+    cfg = trainer.cfg
+    pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
+    trainer.batch_tasks = [trainer.tasks[i] for i in pick]
+    reps = [t for t in trainer.batch_tasks for _ in range(cfg.group_size)]
+    groups = [i for i in range(len(trainer.batch_tasks)) for _ in range(cfg.group_size)]
+    params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens)
+    trainer.t_start = time.perf_counter()
+    rng = torch.get_rng_state()
+
+    def run() -> list[Trajectory]:
+        return run_episodes(trainer.engine, trainer.make_env, reps, trainer.context, params, groups,
+                            trainer.max_context_tokens)
+
+    try:
+        trajs = run()
+    except EngineDied as e:
+        log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", trainer.method, e)
+        trainer.engine.restart()
+        torch.set_rng_state(rng)
+        try:
+            trajs = run()
+        except EngineDied as e2:
+            where = f"; the last resumable state is {trainer.files.state}: run the same command again to resume" \
+                if trainer.files is not None else ""
+            raise RuntimeError(f"the rollout engine died twice in iteration {trainer.iteration + 1} ({e2}){where}") from e2
+    trainer.rollout_s = time.perf_counter() - trainer.t_start
+    return trajs
 
 
-def annotate(learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> dict:
-    """Pack trajectories and add what the update needs: old/ref log-probs, values, advantages
-    (from the estimator ``cfg.algorithm`` with its ``cfg.advantage_settings``).
+def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> TrainBatch:
+    """The trajectories packed into a :class:`~agent_r1.trajectory.TrainBatch` with what the
+    update needs: the critic's values, advantages and returns (from the estimator
+    ``cfg.algorithm`` with its ``cfg.advantage_settings``), the policy's log-probs before the
+    update and the reference's.
 
     Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
     and are left out; if that leaves none, the environment is broken and this raises."""
-    trajs = [t for t in trajs if t.metrics.get("stop_reason") != "env_error"]
+    trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
     batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
     values = learner.values(batch) if learner.critic is not None else None
-    inputs = AdvantageInputs(token_rewards=batch["token_rewards"], mask=batch["adv_mask"], group_ids=batch["group_ids"],
-                             values=values, step_ids=batch["step_ids"], gamma=cfg.gamma, lam=cfg.lam)
-    adv, ret = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
-    batch.update(advantages=adv, returns=ret)
-    if values is not None:
-        batch["old_values"] = values
+    inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
+                             values=values, step_ids=batch.step_ids, gamma=cfg.gamma, lam=cfg.lam)
+    batch.advantages, batch.returns = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
+    batch.old_values = values
     # old log-probs only where the update will need them (rows that can carry a gradient), and
     # not at all when the update is a single step: then they are the update's own, detached
     if not learner.single_step:
-        batch["old_logprobs"] = learner.logprobs(batch, rows=learner.policy_rows(batch))
+        batch.old_logprobs = learner.logprobs(batch, rows=learner.policy_rows(batch))
     if learner.reference is not None and learner.cfg.kl_coef > 0:
-        batch["ref_logprobs"] = learner.logprobs(batch, learner.reference)
+        batch.ref_logprobs = learner.logprobs(batch, learner.reference)
     return batch
 
 
-def update(learner, batch: dict, generator: torch.Generator | None = None) -> dict:
-    """The learner's update, with its training throughput (tokens of the rows it ran per s)."""
+def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
+    """The learner's update (with its throughput: tokens of the rows it ran per s), then its new
+    weights to the engine (a vLLM server; nothing to do for an engine that shares the learner's
+    weights). An engine that dies in the sync is restarted once and synced again."""
     t0 = time.perf_counter()
-    stats = learner.update(batch, generator)
+    stats = trainer.learner.update(batch, trainer.rng)
     stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
+    try:
+        sync_s = trainer.engine.sync_weights(trainer.write_weights)
+    except EngineDied as e:
+        log.warning("RL %s: the rollout engine died during the weight sync (%s); restarting it", trainer.method, e)
+        trainer.engine.restart()
+        sync_s = trainer.engine.sync_weights(trainer.write_weights)
+    if sync_s:
+        stats["time/weight_sync_s"] = sync_s
+    return stats
+
+
+def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) -> dict:
+    """Record the iteration's metrics; save a resumable state every ``rl.checkpoint_every``."""
+    trainer.iteration += 1
+    it, cfg = trainer.iteration, trainer.cfg
+    stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine.stats().items()},
+             "iteration": it, "time/rollout_s": trainer.rollout_s,
+             "time/iteration_s": time.perf_counter() - trainer.t_start}
+    trainer.history.append(stats)
+    trainer.log.metrics(stats, it)
+    if it == 1 or it % (5 * cfg.checkpoint_every) == 0:
+        trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
+    if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
+        client = {"step": it, "history": trainer.history, "rng": trainer.rng.get_state(),
+                  "torch_rng": torch.get_rng_state()}
+        save_state(trainer.learner, trainer.files.state, trainer.files.fingerprint, client)
     return stats
 
 
@@ -96,7 +152,7 @@ def rollout_stats(trajs: list[Trajectory]) -> dict:
         "reward_std": statistics.pstdev(rewards),
         "format_error_rate": sum(s.format_error for t in trajs for s in t.steps) / max(turns, 1),
         "turns": turns / len(trajs),
-        "env_errors": sum(t.metrics.get("stop_reason") == "env_error" for t in trajs) / len(trajs),
+        "env_errors": sum(t.stop_reason == "env_error" for t in trajs) / len(trajs),
     }
 
 
@@ -134,8 +190,8 @@ class RLFiles:
 
 
 class RLTrainer:
-    """The RL iterations, one at a time: :meth:`rollout` → :meth:`annotate` → :meth:`update` →
-    :meth:`end_iteration` (:meth:`step` is one iteration, :meth:`run` all of them).
+    """The RL iterations, one at a time (:meth:`step` is one iteration of the phase functions
+    above, :meth:`run` all of them): the state the phases share.
 
     ``learner`` trains the policy that ``engine`` samples from (they share the weights);
     ``make_env()`` gives a fresh environment per episode; each iteration samples
@@ -168,8 +224,9 @@ class RLTrainer:
             torch.set_rng_state(client["torch_rng"])
             log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,
                      files.state)
-            self.engine.sync_weights(self._write_weights)  # the engine started from the start model
-        self._t0 = time.perf_counter()
+            self.engine.sync_weights(self.write_weights)  # the engine started from the start model
+        self.batch_tasks: list[dict] = []  # this iteration's tasks
+        self.t_start, self.rollout_s = time.perf_counter(), 0.0  # this iteration's start, its rollout's time
 
     @classmethod
     def from_config(cls, cfg: RunConfig, stage_log: StageLog = NULL_LOG, tracker=None) -> "RLTrainer":
@@ -201,74 +258,18 @@ class RLTrainer:
     def done(self) -> bool:
         return self.iteration >= self.cfg.iterations
 
-    def rollout(self) -> list[Trajectory]:
-        """Sample this iteration's tasks and run ``group_size`` episodes of each."""
-        pick = torch.randperm(len(self.tasks), generator=self.rng)[: self.cfg.tasks_per_iteration].tolist()
-        self._batch_tasks = [self.tasks[i] for i in pick]
-        self._t0 = time.perf_counter()
-        rng = torch.get_rng_state()
-        try:
-            trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
-                            self.max_new_tokens, self.max_context_tokens)
-        except EngineDied as e:  # restart once and retry the batch (same seeds); a second failure stops the run
-            log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", self.method, e)
-            self.engine.restart()
-            torch.set_rng_state(rng)
-            try:
-                trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
-                                self.max_new_tokens, self.max_context_tokens)
-            except EngineDied as e2:
-                where = f"; the last resumable state is {self.files.state}: run the same command again to resume" \
-                    if self.files is not None else ""
-                raise RuntimeError(f"the rollout engine died twice in iteration {self.iteration + 1} ({e2}){where}") from e2
-        self._t_rollout = time.perf_counter() - self._t0
-        return trajs
-
-    def annotate(self, trajs: list[Trajectory]) -> dict:
-        """Reward annotation: rewards, advantages, loss masks, sampling and reference log-probs."""
-        return annotate(self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
-
-    def update(self, batch: dict) -> dict:
-        """The learner's update, then its new weights to the engine (a vLLM server; nothing to do
-        for an engine that shares the learner's weights)."""
-        stats = update(self.learner, batch, self.rng)
-        try:
-            sync_s = self.engine.sync_weights(self._write_weights)
-        except EngineDied as e:  # restart once (from the last synced weights) and sync again
-            log.warning("RL %s: the rollout engine died during the weight sync (%s); restarting it", self.method, e)
-            self.engine.restart()
-            sync_s = self.engine.sync_weights(self._write_weights)
-        if sync_s:
-            stats["time/weight_sync_s"] = sync_s
-        return stats
-
-    def _write_weights(self, folder: Path) -> None:
+    def write_weights(self, folder: Path) -> None:
         self.learner.save(folder, self.tokenizer)
 
     def close(self) -> None:
         """Release the engine (stop a vLLM server this run started)."""
         self.engine.close()
 
-    def end_iteration(self, trajs: list[Trajectory], stats: dict) -> dict:
-        """Record the iteration's metrics; save a resumable state when due."""
-        self.iteration += 1
-        stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in self.engine.stats().items()},
-                 "iteration": self.iteration,
-                 "time/rollout_s": self._t_rollout, "time/iteration_s": time.perf_counter() - self._t0}
-        self.history.append(stats)
-        self.log.metrics(stats, self.iteration)
-        if self.iteration == 1 or self.iteration % (5 * self.cfg.checkpoint_every) == 0:
-            self.log.text(transcripts(trajs, self._batch_tasks, limit=4), f"rollouts/iteration_{self.iteration:05d}.md")
-        if self.files is not None and self.iteration % self.cfg.checkpoint_every == 0 and not self.done:
-            client = {"step": self.iteration, "history": self.history, "rng": self.rng.get_state(),
-                      "torch_rng": torch.get_rng_state()}
-            save_state(self.learner, self.files.state, self.files.fingerprint, client)
-        return stats
-
     def step(self, runner: Runner = DIRECT) -> dict:
         """One RL iteration; returns its metrics."""
-        trajs = runner.rollout(self)
-        return runner.end_iteration(self, trajs, runner.update(self, runner.annotate(self, trajs)))
+        trajs = runner.phase(self, sample_episodes, self)
+        batch = runner.phase(self, build_train_batch, self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
+        return runner.phase(self, end_iteration, self, trajs, runner.phase(self, update_policy, self, batch))
 
     def finish(self) -> Path | None:
         """Write the agent, its per-iteration metrics and the complete marker (with ``files``)."""
@@ -290,7 +291,7 @@ class RLTrainer:
                 s = self.step(runner)
                 report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, EM {s.get('em', float('nan')):.3f}, "
                        f"tool calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
-        return runner.rl_finish(self)
+        return runner.stage("rl-finish", RLTrainer.finish, self)
 
 
 def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
@@ -356,7 +357,7 @@ def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | N
             out.append(files.checkpoint)
             continue
         mlog = stage_log.child(method) if cfg.methods else stage_log
-        trainer = runner.rl_setup(RLTrainer.from_config, mcfg, mlog, tracker)
+        trainer = runner.stage("rl-setup", RLTrainer.from_config, mcfg, mlog, tracker)
         try:
             out.append(trainer.run(progress, runner))
         finally:

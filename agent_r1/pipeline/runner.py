@@ -13,30 +13,16 @@ from typing import Any
 
 
 class Runner:
-    """Calls stages and RL phases; override a method to wrap one (e.g. as a Prefect task)."""
+    """Calls stages and RL phases; a subclass wraps them (e.g. as Prefect tasks)."""
 
     def stage(self, name: str, fn: Callable, *args, **kwargs) -> Any:
         """Run the stage ``name`` (``fn(*args, **kwargs)``)."""
         return fn(*args, **kwargs)
 
-    def rl_setup(self, open_trainer: Callable, cfg, stage_log, tracker):
-        """Build the RL trainer of one method (loads models; resumes from a saved state)."""
-        return open_trainer(cfg, stage_log, tracker)
-
-    def rollout(self, trainer) -> list:
-        return trainer.rollout()
-
-    def annotate(self, trainer, trajs: list) -> dict:
-        return trainer.annotate(trajs)
-
-    def update(self, trainer, batch: dict) -> dict:
-        return trainer.update(batch)
-
-    def end_iteration(self, trainer, trajs: list, stats: dict) -> dict:
-        return trainer.end_iteration(trajs, stats)
-
-    def rl_finish(self, trainer):
-        return trainer.finish()
+    def phase(self, trainer, fn: Callable, *args) -> Any:
+        """Run ``fn(*args)``, a phase of ``trainer``'s current RL iteration
+        (:mod:`agent_r1.pipeline.rl_driver`)."""
+        return fn(*args)
 
 
 DIRECT = Runner()

@@ -13,7 +13,7 @@ from agent_r1.tools.base import _describe
 from agent_r1.trajectory import Step, Trajectory
 
 if TYPE_CHECKING:
-    from agent_r1.envs import ToolEnv
+    from agent_r1.envs import StepInfo, ToolEnv
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ def run_episodes(
 
     An episode whose environment raises (in ``reset``, ``step`` or while its observation is
     added to the context) ends there with ``stop_reason="env_error"`` and the error in its
-    metrics; the other episodes go on. A :class:`MetricError` (the environment reported a
+    ``error``; the other episodes go on. A :class:`MetricError` (the environment reported a
     metric it does not declare) is a bug in the environment and is raised.
 
-    A finished trajectory's ``metrics`` hold the environment's counters and the metrics its
-    ``final_reward`` reported, plus ``answer`` and ``stop_reason``; ``metric_aggs`` says how
+    A finished trajectory has its ``stop_reason`` and ``answer``; its ``metrics`` hold the
+    environment's counters and the metrics its ``final_reward`` reported; ``metric_aggs`` says how
     each declared metric aggregates over a batch (agent_r1/envs/metrics.py).
     """
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
@@ -118,11 +118,11 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: Conte
             action_ids=gen.ids,
             action_logprobs=gen.logprobs,
             action_text=text,
-            tool_calls=info.get("tool_calls", []),
+            tool_calls=info.tool_calls,
             observation=res.observation,
             reward=float(res.reward),
-            format_error=bool(info.get("format_error", False)),
-            tool_errors=int(info.get("tool_errors", 0)),
+            format_error=info.format_error,
+            tool_errors=info.tool_errors,
             hit_max_new_tokens=not gen.finished,
         )
     )
@@ -142,13 +142,14 @@ def _env_error(traj: Trajectory, env, e: Exception) -> None:
     error = _describe(e, 500)
     log.warning("episode %s ended by an environment error: %s", traj.task_id, error)
     traj.final_reward = 0.0
-    traj.metrics = {**env.metrics, "stop_reason": "env_error", "env_error": error}
+    traj.stop_reason, traj.error, traj.metrics = "env_error", error, dict(env.metrics)
     traj.metric_aggs = _aggs(env)
 
 
-def _finish(traj: Trajectory, env, info: dict) -> None:
-    traj.final_reward = float(info["final_reward"])
-    traj.metrics = {**env.metrics, **info["metrics"], "answer": info["answer"], "stop_reason": info["stop_reason"]}
+def _finish(traj: Trajectory, env, info: StepInfo) -> None:
+    traj.final_reward = float(info.final_reward)
+    traj.stop_reason, traj.answer = info.stop_reason, info.answer
+    traj.metrics = {**env.metrics, **info.metrics}
     traj.metric_aggs = _aggs(env)
 
 

@@ -26,7 +26,7 @@ turns you wrote, no model needed (this example runs as a doctest, tests/test_scr
     >>> trajs = run_episodes(engine, make_env, tasks, ContextManager(tokenizer), SamplingParams())
     >>> [step.observation for step in trajs[0].steps]
     [[{'role': 'tool', 'name': 'lookup', 'content': '12000'}], []]
-    >>> trajs[0].metrics["answer"], trajs[0].metrics["stop_reason"], trajs[0].metrics["tool_calls"]
+    >>> trajs[0].answer, trajs[0].stop_reason, trajs[0].metrics["tool_calls"]
     ('12000', 'answer', 1)
 
 ``script[k]`` is what the ``k``-th ``generate`` call returns: one turn for every context, or a
