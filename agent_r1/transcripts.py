@@ -28,5 +28,5 @@ def transcript(traj: Trajectory, task: dict | None = None) -> str:
 
 
 def transcripts(trajs: list[Trajectory], tasks: list[dict] | None = None, limit: int = 8) -> str:
-    by_id = {str(t["id"]): t for t in tasks or []}
+    by_id = {str(t["id"]): t for t in tasks or [] if "id" in t}  # (a task without an id shows its turns only)
     return "\n\n---\n\n".join(transcript(t, by_id.get(t.task_id)) for t in trajs[:limit]) + "\n"

@@ -174,3 +174,22 @@ def test_links_stay_in_the_repository_and_resolve(page):
         assert linked.exists(), f"{page}: {target} does not exist"
         if anchor:
             assert anchor in _anchors(linked.read_text()), f"{page}: no heading #{anchor} in {path or page}"
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs_as_written(tmp_path):
+    """The README's ```python block (RLTrainer from parts) runs in a fresh directory and prints
+    the two iterations' metrics."""
+    import ast
+    import sys
+    import textwrap
+
+    blocks = re.findall(r"^( *)```python\n(.*?)^\1```", (ROOT / "README.md").read_text(), flags=re.S | re.M)
+    assert len(blocks) == 1
+    code = textwrap.dedent(blocks[0][1])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    history = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert [it for it, _, _ in history] == [1, 2]
+    assert all(0.0 <= reward <= 1.0 and 0.0 <= em <= 1.0 for _, reward, em in history)  # the sum's EM, as a reward

@@ -344,10 +344,8 @@ class Learner:
         cfg = self.cfg
 
         def policy_loss_fn(mb):
-            logp, ent = token_logprobs(
-                self.model, mb.input_ids, mb.attention_mask, cfg.temperature, with_entropy=True,
-                positions=mb.loss_mask, share_prefix=cfg.share_prefix,
-            )
+            logp, ent = token_logprobs(self.model, mb.input_ids, mb.attention_mask, cfg.temperature, with_entropy=True,
+                                       positions=mb.loss_mask, share_prefix=cfg.share_prefix)
             mask = mb.loss_mask
             loss, metrics = self.policy_loss(
                 logp, logp.detach() if mb.old_logprobs is None else mb.old_logprobs, mb.advantages, mask,
@@ -371,9 +369,7 @@ class Learner:
 
         def critic_loss_fn(mb):
             v = self.critic(mb.input_ids, mb.attention_mask)
-            loss, metrics = value_loss(
-                v, mb.old_values, mb.returns, mb.adv_mask, clip=cfg.value_clip, agg=cfg.loss_agg
-            )
+            loss, metrics = value_loss(v, mb.old_values, mb.returns, mb.adv_mask, clip=cfg.value_clip, agg=cfg.loss_agg)
             return loss, {"critic/" + k: val for k, val in metrics.items()} | {"critic/loss": loss.detach()}
 
         self.engine.train()

@@ -18,16 +18,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def run_episodes(
-    engine: RolloutEngine,
-    make_env: Callable[[], ToolEnv],
-    tasks: list[dict],
-    context: ContextManager,
-    params: SamplingParams,
-    group_ids: list[int] | None = None,
-    max_context_tokens: int | None = None,
-    on_turn: Callable[[int, int], None] | None = None,
-) -> list[Trajectory]:
+def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: list[dict], context: ContextManager,
+                 params: SamplingParams, group_ids: list[int] | None = None, max_context_tokens: int | None = None,
+                 on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
     """Run one episode per task to completion and return their trajectories.
 
     Each turn, the contexts of the episodes still running go to the engine in one batch; each
@@ -47,10 +40,8 @@ def run_episodes(
     """
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
-    trajs = [
-        Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
-        for i, task in enumerate(tasks)
-    ]
+    trajs = [Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
+             for i, task in enumerate(tasks)]
     ctxs, active = {}, []
     for i, (env, task) in enumerate(zip(envs, tasks)):
         try:
