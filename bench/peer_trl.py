@@ -208,8 +208,8 @@ def run_ours(args) -> dict:
     from agent_r1.envs import MultiHopQAEnv
     from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
     from agent_r1.learner import Learner, LearnerConfig
-    from agent_r1.pipeline.rl_driver import annotate, rollout, update
-    from agent_r1.rollout import HFEngine
+    from agent_r1.pipeline.rl_driver import build_train_batch
+    from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 
     class StopWithoutToolCall(MultiHopQAEnv):
         """TRL's episode rule (a turn without a tool call ends the episode) and the bench's reward."""
@@ -219,7 +219,7 @@ def run_ours(args) -> dict:
 
         def step(self, action_text, context_tokens=None):
             out = super().step(action_text, context_tokens)
-            if out.done or out.info["tool_calls"]:
+            if out.done or out.info.tool_calls:
                 return out
             return self._finish([], out.reward, out.info, "no_tool_call", action_text)
 
@@ -236,13 +236,16 @@ def run_ours(args) -> dict:
                                    system_prompt=DEFAULT_SYSTEM_PROMPT)
 
     gen = torch.Generator().manual_seed(args.seed)
+    params = SamplingParams(cfg.temperature, cfg.top_p, args.max_new_tokens)
+    groups = [i for i in range(args.questions) for _ in range(cfg.group_size)]
     steps = []
-    for k in range(args.steps + 1):  # the three calls of RLTrainer.step (agent_r1.pipeline.rl_driver), each timed
+    for k in range(args.steps + 1):  # RLTrainer.step's phases (agent_r1.pipeline.rl_driver) on fixed questions, timed
         batch_tasks = tasks[k * args.questions : (k + 1) * args.questions]
         t0 = clocks()
-        trajs = rollout(engine, make_env, batch_tasks, context, cfg, args.max_new_tokens, limit)
+        reps = [t for t in batch_tasks for _ in range(cfg.group_size)]
+        trajs = run_episodes(engine, make_env, reps, context, params, groups, limit)
         t1 = clocks()
-        stats = update(learner, annotate(learner, trajs, cfg, tok.pad_token_id), gen)
+        stats = learner.update(build_train_batch(learner, trajs, cfg, tok.pad_token_id), gen)
         t2 = clocks()
         steps.append({**phases(t0, t1, t2), "gen_tokens": sum(t.num_action_tokens for t in trajs),
                       "train_tokens": stats["update/tokens"],
