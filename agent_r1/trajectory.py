@@ -3,13 +3,18 @@ into the learner's :class:`TrainBatch`.
 
 A trajectory is a list of steps, one per model turn. Each step keeps the exact context ids the
 policy saw and the exact action ids it sampled (with their sampling log-probs), so the learner
-trains on those ids and never re-tokenizes text.
+trains on those ids and never re-tokenizes text. Trajectories round-trip to parquet (one row per
+step): the RL stage stores some iterations' rollouts (``outputs/<pipeline>/rollouts/``) to be read
+in pandas and replayed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 
@@ -50,6 +55,57 @@ class Trajectory:
     @property
     def num_action_tokens(self) -> int:
         return sum(len(s.action_ids) for s in self.steps)
+
+
+_JSON_COLS = ("tool_calls", "observation")
+_TRAJ_JSON = ("metrics", "metric_aggs")
+
+
+def to_frame(trajectories: list[Trajectory]) -> pd.DataFrame:
+    """One row per step; the trajectory's fields repeat on each of its rows (a trajectory with no
+    step, ended before its first turn, has no row)."""
+    rows = []
+    for t_idx, traj in enumerate(trajectories):
+        head = {k: v for k, v in asdict(traj).items() if k != "steps"}
+        head.update({k: json.dumps(head[k]) for k in _TRAJ_JSON}, traj_index=t_idx)
+        for s_idx, step in enumerate(traj.steps):
+            row = asdict(step) | head | {"step_index": s_idx}
+            row.update({col: json.dumps(row[col]) for col in _JSON_COLS})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def from_frame(df: pd.DataFrame) -> list[Trajectory]:
+    if df.empty:
+        return []
+    trajectories = []
+    for _, rows in df.sort_values(["traj_index", "step_index"]).groupby("traj_index", sort=True):
+        first = rows.iloc[0]
+        traj = Trajectory(task_id=str(first.task_id), group_id=int(first.group_id),
+                          final_reward=float(first.final_reward), stop_reason=str(first.stop_reason),
+                          answer=None if pd.isna(first.answer) else str(first.answer),
+                          error=None if pd.isna(first.error) else str(first.error),
+                          **{k: json.loads(first[k]) for k in _TRAJ_JSON})
+        for rec in rows.to_dict("records"):
+            kw = {k: rec[k] for k in Step.__dataclass_fields__}
+            kw.update({col: json.loads(kw[col]) for col in _JSON_COLS})
+            kw["context_ids"] = [int(x) for x in kw["context_ids"]]
+            kw["action_ids"] = [int(x) for x in kw["action_ids"]]
+            kw["action_logprobs"] = [float(x) for x in kw["action_logprobs"]]
+            kw["reward"], kw["tool_errors"] = float(kw["reward"]), int(kw["tool_errors"])
+            kw["format_error"], kw["hit_max_new_tokens"] = bool(kw["format_error"]), bool(kw["hit_max_new_tokens"])
+            traj.steps.append(Step(**kw))
+        trajectories.append(traj)
+    return trajectories
+
+
+def save_parquet(trajectories: list[Trajectory], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    to_frame(trajectories).to_parquet(path, index=False)
+
+
+def load_parquet(path: str | Path) -> list[Trajectory]:
+    return from_frame(pd.read_parquet(path))
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from agent_r1.models import cache_kwarg
 from agent_r1.pipeline.rl_driver import build_train_batch
 from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
 from agent_r1.tools import SearchIndex, make_search_tool
-from agent_r1.trajectory import collate, to_sequences
+from agent_r1.trajectory import collate, load_parquet, save_parquet, to_sequences
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the Louvre?"}]
 
@@ -316,6 +316,11 @@ def test_token_in_token_out_from_rollout_to_learner_batch(
         # the row is exactly the last context the policy saw, plus its action
         n = int(batch.attention_mask[i].sum())
         assert batch.input_ids[i][:n].tolist() == t.steps[-1].context_ids + t.steps[-1].action_ids
+    # a stored rollout replays to the same training tokens
+    save_parquet(trajs, tmp_path / "rollout.parquet")
+    replay = collate([q for t in load_parquet(tmp_path / "rollout.parquet") for q in to_sequences(t)], tok.pad_token_id)
+    for f in ("input_ids", "attention_mask", "action_mask", "loss_mask", "token_rewards", "sample_logprobs", "group_ids"):
+        assert torch.equal(getattr(replay, f), getattr(batch, f)), f
     # at least one sampled turn re-tokenizes differently too (random byte-level tokens merge)
     def reencoded(ids):
         return tok.encode(tok.decode(ids, skip_special_tokens=False))

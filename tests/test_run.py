@@ -1,6 +1,7 @@
 """Config validation, oracle demonstrations, and the default run end to end (tiny sizes)."""
 
 import json
+import statistics
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -14,6 +15,7 @@ from agent_r1.pipeline import STAGES, run_all
 from agent_r1.run import tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.tools import SearchIndex, make_search_tool
+from agent_r1.trajectory import load_parquet
 
 
 def test_repo_pipelines_file_is_valid():
@@ -99,6 +101,10 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert [h["iteration"] for h in history] == [1, 2]
     for path in ("checkpoints/base", "checkpoints/sft", "rl/grpo"):
         AutoModelForCausalLM.from_pretrained(tmp_path / path)
+    # the first iteration's rollout is stored, to read in pandas and replay
+    stored = load_parquet(tmp_path / "rollouts" / "grpo" / "iteration_00001.parquet")
+    assert len(stored) == cfg.rl.tasks_per_iteration * cfg.rl.group_size and all(t.stop_reason for t in stored)
+    assert statistics.fmean(t.total_reward for t in stored) == pytest.approx(history[0]["reward_mean"])
 
     # the same machine, seed and config give the same metrics (wall times aside)
     again = run_all(load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path / 'again'}"] + TINY_RUN)))

@@ -1,8 +1,8 @@
-"""Step/Trajectory records and their packing into the learner's TrainBatch."""
+"""Step/Trajectory records: parquet round trip and packing into the learner's TrainBatch."""
 
 import torch
 
-from agent_r1.trajectory import Step, Trajectory, collate, to_sequences
+from agent_r1.trajectory import Step, Trajectory, collate, from_frame, load_parquet, save_parquet, to_frame, to_sequences
 
 PAD = 0
 P = [11, 12, 13]  # prompt
@@ -41,6 +41,46 @@ def sliding_window() -> Trajectory:
         ],
         final_reward=1.0,
     )
+
+
+def test_parquet_round_trip_keeps_every_field(tmp_path):
+    trajs = [
+        Trajectory(
+            task_id="q1",
+            group_id=4,
+            steps=[
+                Step(
+                    [1, 2, 3],
+                    [4, 5],
+                    [-0.125, -2.5],
+                    action_text='<tool_call>{"name": "search"}</tool_call> é',
+                    tool_calls=[{"name": "search", "arguments": {"query": "Mona Lisa", "k": [1, 2]}}],
+                    observation=[{"role": "tool", "name": "search", "content": "(1) Louvre: …"}],
+                    reward=0.5,
+                    format_error=True,
+                    tool_errors=2,
+                    hit_max_new_tokens=True,
+                ),
+                Step([1, 2, 3, 4, 5, 9], [6], [-0.75], action_text="<answer>x</answer>"),
+            ],
+            final_reward=-1.0,
+            stop_reason="answer",
+            answer="x",
+            metrics={"em": 0.0, "tool_calls": 1},
+            metric_aggs={"em": "mean"},
+        ),
+        Trajectory(task_id="q2", group_id=4, steps=[Step([7], [8, 2], [-1e-9, -30.0])], final_reward=0.0,
+                   stop_reason="env_error", error="ValueError: boom"),
+    ]
+    path = tmp_path / "rollouts" / "iteration_00001.parquet"
+    save_parquet(trajs, path)
+    back = load_parquet(path)
+    assert back == trajs
+    # flags survive with their Python types, not numpy ones
+    s = back[0].steps[0]
+    assert type(s.format_error) is bool and type(s.hit_max_new_tokens) is bool and type(s.tool_errors) is int
+    assert from_frame(to_frame(back)) == trajs
+    assert from_frame(to_frame([])) == []
 
 
 def test_full_history_is_one_sequence_with_actions_and_rewards_in_place():

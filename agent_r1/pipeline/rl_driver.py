@@ -39,7 +39,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, 
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
 from agent_r1.run import Agent, make_tools, tasks_for
-from agent_r1.trajectory import TrainBatch, Trajectory, collate, to_sequences
+from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,10 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
              "time/iteration_s": time.perf_counter() - trainer.t_start}
     trainer.history.append(stats)
     trainer.log.metrics(stats, it)
-    if it == 1 or it % (5 * cfg.checkpoint_every) == 0:
+    if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
         trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
+        if trainer.files is not None:
+            save_parquet(trajs, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
     if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
         client = {"step": it, "history": trainer.history, "rng": trainer.rng.get_state(),
                   "torch_rng": torch.get_rng_state()}
@@ -171,18 +173,20 @@ def for_method(cfg: RunConfig, method: str) -> RunConfig:
 @dataclass(frozen=True)
 class RLFiles:
     """Where a pipeline's RL run writes: the agent, the per-iteration metrics, the resumable
-    state, and the fingerprint of the config they belong to."""
+    state, some iterations' rollouts (parquet, :func:`~agent_r1.trajectory.load_parquet`), and
+    the fingerprint of the config they belong to."""
 
     checkpoint: Path
     history: Path
     state: Path
+    rollouts: Path
     fingerprint: str
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "RLFiles":
         method = cfg.rl.method
         return cls(checkpoint_dir(cfg, method), history_path(cfg, method), cfg.out / "state" / f"rl_{method}",
-                   fingerprint(cfg, "data", "model", "env", "sft", "rl"))
+                   cfg.out / "rollouts" / method, fingerprint(cfg, "data", "model", "env", "sft", "rl"))
 
     def complete(self) -> bool:
         """Finished before under this config (then a re-run skips it)."""
