@@ -227,7 +227,7 @@ def test_transcript_shows_turns_observations_and_score():
         Step([1], [2], [0.0], action_text='<tool_call>{"name": "search"}</tool_call>',
              observation=[{"role": "tool", "name": "search", "content": "(1) Danube: a river"}], reward=0.2),
         Step([1], [2], [0.0], action_text="<answer>Danube</answer>", format_error=False),
-    ], final_reward=1.0, metrics={"answer": "Danube", "em": 1.0, "f1": 1.0, "tool_calls": 1})
+    ], final_reward=1.0, answer="Danube", metrics={"em": 1.0, "f1": 1.0, "tool_calls": 1})
     text = transcript(traj, TASKS[1])
     assert "Which river flows through Vienna?" in text and "**Gold:** Danube" in text
     assert "> **search:** (1) Danube: a river" in text and "step reward +0.20" in text

@@ -250,7 +250,7 @@ def test_summaries_and_transcripts_of_a_task_without_qa_fields():
     from agent_r1.trajectory import Trajectory
     from agent_r1.transcripts import transcript
 
-    trajs = [Trajectory("train-00000", 0, metrics={"reversed_ok": 1.0, "answer": "enots"}, metric_aggs={"reversed_ok": "mean"})]
+    trajs = [Trajectory("train-00000", 0, answer="enots", metrics={"reversed_ok": 1.0}, metric_aggs={"reversed_ok": "mean"})]
     tasks = [{"id": "train-00000", "split": "train", **_rows(WORDS[:1])[0]}]
     s = summarize_by_hops(trajs, tasks)
     assert set(s) == {"all"} and s["all"]["reversed_ok"] == 1.0 and s["all"]["em_by_qtype"] == {}
