@@ -113,6 +113,14 @@ def test_batch_splits_and_duplicates_do_not_change_what_is_sampled(tok, model):
     assert [g.ids for g in _run(HFEngine(model, tok, precision="fp32"), contexts, TEMPERED, seed=6)] != [g.ids for g in one]
 
 
+def test_an_eos_id_set_after_construction_is_the_one_that_ends_turns(tok, model):
+    """bench/rollout.py forces every turn to max_new_tokens by giving the engine an eos no token has."""
+    engine = HFEngine(model, tok, precision="fp32")
+    assert any(g.finished for g in engine.generate(_contexts(tok), GREEDY))
+    engine.eos_id = -1
+    assert all(len(g.ids) == GREEDY.max_new_tokens and not g.finished for g in engine.generate(_contexts(tok), GREEDY))
+
+
 def test_reference_engine_is_greedy_decoding_and_teacher_forced_logprobs(tok, model):
     contexts = _contexts(tok)[:4]
     ref = ReferenceEngine(model, tok, precision="fp32")

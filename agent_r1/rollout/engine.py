@@ -107,7 +107,6 @@ class HFEngine(RolloutEngine):
         self.reuse_kv = reuse_kv
         self._cache_kw = cache_kwarg(model) if model is not None else "past_key_values"
         self.store = KVStore(enabled=reuse_kv)
-        self.decoder = DecodeLoop(self._forward, self.eos_id, self.pad_id)
 
     def reset(self) -> None:
         self.store.reset()
@@ -143,7 +142,9 @@ class HFEngine(RolloutEngine):
         starts = [plan.width - len(c) for c in contexts] if self.store.enabled else None
         with autocast(self.precision, device):
             cache, logits, mask, pos = self._prefill(plan, params.max_new_tokens, device)
-            out = self.decoder.run(cache, logits, mask, pos, params, generators, starts)
+            # (eos_id read per call: bench/rollout.py sets it to -1 to force every turn's length)
+            out = DecodeLoop(self._forward, self.eos_id, self.pad_id).run(cache, logits, mask, pos, params, generators,
+                                                                          starts)
         if out.kv is not None:  # the last sampled id never ran: it starts the next context's new part
             kept += [Kept(c + g[:-1], kv) for c, g, kv in zip(contexts, out.ids, out.kv)]
         return [Generation(g, lp, g[-1] == self.eos_id) for g, lp in zip(out.ids, out.logprobs)]
