@@ -1,4 +1,6 @@
-"""The rollout-engine interface and its default Hugging Face implementation.
+"""The rollout-engine interface and its default Hugging Face implementation, :class:`HFEngine`
+(its parts: ``kv_store``, ``prefill``, ``kv_cache``, ``decode`` and ``sampling`` beside this module;
+``reference`` holds the plain engine it is tested against).
 
 An engine takes a batch of context token ids and returns, for each, the token ids it sampled
 and their log-probs under the sampling distribution (after temperature and top-p). The learner
@@ -14,13 +16,15 @@ import torch
 
 from agent_r1.models import autocast, cache_kwarg
 from agent_r1.rollout.decode import DecodeLoop
-from agent_r1.rollout.kv_cache import GrowingLayer as _GrowingLayer  # noqa: F401 (tests import these from here)
 from agent_r1.rollout.kv_cache import decode_cache, prefix_cache
-from agent_r1.rollout.kv_cache import growing_cache as _growing_cache  # noqa: F401
 from agent_r1.rollout.kv_store import Kept, KVStore
 from agent_r1.rollout.prefill import PrefillPlan, plan_prefill
-from agent_r1.rollout.prefill import prefill_groups as _prefill_groups  # noqa: F401
-from agent_r1.rollout.sampling import SamplingParams, context_generators, sample  # noqa: F401 (sample: re-exported)
+from agent_r1.rollout.sampling import SamplingParams, context_generators
+
+# (imported from here by other code and tests)
+from agent_r1.rollout.kv_cache import GrowingLayer as _GrowingLayer, growing_cache as _growing_cache  # noqa: F401, E402
+from agent_r1.rollout.prefill import prefill_groups as _prefill_groups  # noqa: F401, E402
+from agent_r1.rollout.sampling import sample  # noqa: F401, E402
 
 
 @dataclass
@@ -72,7 +76,6 @@ class EngineDied(RuntimeError):
     may bring it back."""
 
 
-
 class HFEngine(RolloutEngine):
     """Batched sampling with a ``transformers`` causal LM in process, sharing the policy module
     with the learner.
@@ -104,9 +107,12 @@ class HFEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id
         self.max_batch_size = max_batch_size
         self.precision = precision  # agent_r1.models.autocast
-        self.reuse_kv = reuse_kv
         self._cache_kw = cache_kwarg(model) if model is not None else "past_key_values"
         self.store = KVStore(enabled=reuse_kv)
+
+    @property
+    def reuse_kv(self) -> bool:
+        return self.store.enabled
 
     def reset(self) -> None:
         self.store.reset()
