@@ -99,7 +99,8 @@ class EnvConfig(_Strict):
     window: int = Field(2, ge=1)
     """Turns kept by the sliding_window context."""
     context_kwargs: dict[str, Any] = {}
-    """More settings of the context manager's constructor (summary: budget, keep)."""
+    """More settings of the context manager's constructor (summary: budget, keep, and summarize: the import
+    path of a function from the summarised turns' tool messages to text, or `policy`: the model writes it)."""
     reward_scheme: Literal["agent_r1", "answer_only", "answer_plus_format"] = "agent_r1"
     """How answer score and format combine into the outcome reward (agent_r1: ill-formed episodes score below
     any well-formed one)."""

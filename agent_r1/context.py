@@ -22,6 +22,7 @@ class EpisodeContext:
     turns: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (action, observation)
     messages: list[dict] = field(default_factory=list)  # the opening chat messages
     observations: list[list[dict]] = field(default_factory=list)  # each turn's tool messages, as given
+    summaries: dict[int, str] = field(default_factory=dict)  # Summary: the summary of the first n turns
 
 
 class ObservationRenderer:
@@ -122,14 +123,45 @@ def extractive_summary(observations: list[list[dict]]) -> str:
     return "Found in earlier turns:\n" + ("\n".join(lines) if lines else "- nothing")
 
 
+class PolicySummarizer:
+    """A summary written by the policy itself (``env.context_kwargs: {summarize: policy}``): the
+    model, asked with :attr:`PROMPT`, writes at most ``max_new_tokens`` greedily about the tool
+    messages of the summarised turns. Greedy, so the same weights give the same summary; the
+    summary is part of the context the policy then sees (and trains on as context, not action)."""
+
+    PROMPT = ("Summarize these search results in at most two sentences. Keep every name, place and "
+              "fact that a question about them could need.")
+
+    def __init__(self, model, tokenizer, max_new_tokens: int = 64):
+        self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
+
+    def __call__(self, observations: list[list[dict]]) -> str:
+        import torch
+
+        text = "\n".join(str(m.get("content", "")) for turn in observations for m in turn)
+        messages = [{"role": "system", "content": self.PROMPT}, {"role": "user", "content": text or "(none)"}]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        device = next(self.model.parameters()).device
+        was = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(torch.tensor([list(ids)], device=device), max_new_tokens=self.max_new_tokens,
+                                      do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
+        self.model.train(was)
+        written = self.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+        return "Summary of earlier turns: " + (written or "(empty)")
+
+
 class Summary(ContextManager):
     """The full history until it passes ``budget`` tokens; from then on every turn but the last
     ``keep`` is replaced by a summary of what those turns observed, appended to the task's user
     message (the prompt is re-rendered with it; the kept turns follow as they were sampled).
 
-    ``summarize`` maps the summarised turns' observations (chat messages) to text (a callable, or
-    its import path from a config); default :func:`extractive_summary`. Each step stores the
-    context ids this returns, so training sees the summarised context the policy saw.
+    ``summarize`` maps the summarised turns' observations (chat messages) to text: a callable,
+    its import path from a config, or a :class:`PolicySummarizer` (``summarize: policy`` in a
+    config: the pipeline builds it over the policy); default :func:`extractive_summary`. An
+    episode's summary of its first n turns is written once. Each step stores the context ids this
+    returns, so training sees the summarised context the policy saw.
     """
 
     def __init__(self, tokenizer, tools: list[dict] | None = None, budget: int = 512, keep: int = 1,
@@ -138,6 +170,9 @@ class Summary(ContextManager):
         if budget < 1 or keep < 0:
             raise ValueError(f"summary context: budget must be >= 1 and keep >= 0, got budget={budget}, keep={keep}")
         self.budget, self.keep = budget, keep
+        if summarize == "policy":
+            raise ValueError("summary context: summarize='policy' needs the policy: pass "
+                             "PolicySummarizer(model, tokenizer) (the pipeline does this for a config's 'policy')")
         if isinstance(summarize, str):  # an import path from a config: module:fn or path/to/file.py:fn
             from agent_r1.registry import load_object
 
@@ -150,9 +185,10 @@ class Summary(ContextManager):
         if len(full) <= self.budget or n_old <= 0 or not ctx.messages:
             return full
         user = max(i for i, m in enumerate(ctx.messages) if m["role"] == "user")
-        summary = self.summarize(ctx.observations[:n_old])
+        if n_old not in ctx.summaries:
+            ctx.summaries[n_old] = self.summarize(ctx.observations[:n_old])
         messages = [dict(m) for m in ctx.messages]
-        messages[user]["content"] = f"{messages[user]['content']}\n\n{summary}"
+        messages[user]["content"] = f"{messages[user]['content']}\n\n{ctx.summaries[n_old]}"
         ids = self.start(messages).prompt_ids
         for action, obs in ctx.turns[n_old:]:
             ids += action + obs

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from agent_r1.config import ConfigError, RunConfig, explicit_qtypes
-from agent_r1.context import make_context_manager
+from agent_r1.context import PolicySummarizer, make_context_manager
 from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
                            write_tasks)
 from agent_r1.data.synthetic import generate, load_corpus, load_split
@@ -200,7 +200,12 @@ class Agent:
         shown = self.cfg.env.tools_in_prompt and getattr(self.env_cls, "TOOLS_IN_PROMPT", True)
         tools = [t.schema for t in self.tools] if shown else None
         kw = {"window": self.cfg.env.window} if self.cfg.env.context == "sliding_window" else {}
-        return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw | self.cfg.env.context_kwargs)
+        kw |= self.cfg.env.context_kwargs
+        if kw.get("summarize") == "policy":  # the summary is written by the model this agent runs
+            if self.model is None:
+                raise ValueError("env.context_kwargs.summarize: 'policy' needs a model to write the summaries")
+            kw["summarize"] = PolicySummarizer(self.model, self.tokenizer)
+        return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw)
 
 
 def make_tools(cfg: RunConfig, data_dir: Path) -> list[Tool]:

@@ -139,3 +139,40 @@ def test_import_paths_in_a_config_file_are_relative_to_that_file(tmp_path, regis
     cfg = load_config("mine", tmp_path / "plug" / "p.yaml")  # the working directory is the repository
     assert cfg.rl.algorithm == "rloo_from_a_file_beside_the_config"
     assert cfg.env.context == f"{tmp_path / 'plug' / 'ctx2.py'}:Mine"
+
+
+def test_the_policy_itself_can_write_the_summary(tok, make_model, corpus, tasks):
+    """summarize: policy — the model writes the summary greedily (the same weights give the same
+    text), once per episode and summarised turn count, and training sees it as the policy did."""
+    from agent_r1.context import PolicySummarizer
+    from agent_r1.run import Agent, make_tools
+
+    model = make_model(seed=3, std=0.3)
+    model.train()
+    writer = PolicySummarizer(model, tok, max_new_tokens=6)
+    obs = [search_msg(("Louvre", "An art museum in Paris."))]
+    text = writer(obs)
+    assert text.startswith("Summary of earlier turns: ") and len(text) > len("Summary of earlier turns: ")
+    assert writer(obs) == text and model.training  # greedy, and the model's mode is restored
+    calls = []
+
+    def counted(o):
+        calls.append(len(o))
+        return writer(o)
+
+    search = make_search_tool(SearchIndex(corpus), top_k=2)
+    engine = ScriptedEngine(tok, [f'<tool_call>{json.dumps({"name": "search", "arguments": {"query": q}})}</tool_call>'
+                                  for q in ("Louvre", "Mona Lisa", "Danube")] + ["<answer>Paris</answer>"])
+    (traj,) = run_episodes(engine, lambda: MultiHopQAEnv(search, system_prompt=None), [tasks[0]],
+                           Summary(tok, budget=60, keep=1, summarize=counted), SamplingParams(max_new_tokens=64))
+    assert calls == [1, 2]  # once per summarised turn count (steps 3 and 4), not per context_ids call
+    summarised = [s for s in traj.steps if "Summary of earlier turns" in tok.decode(s.context_ids)]
+    assert len(summarised) == 2
+    assert [q.ids for q in to_sequences(traj)] == [s.context_ids + s.action_ids for s in traj.steps]
+    # from a config: the agent builds the writer over its own model; without a model it is an error
+    cfg = load_config("tiny", "pipelines.yaml", parse_overrides(["env.context=summary", "env.context_kwargs.summarize=policy"]))
+    assert isinstance(Agent(model, tok, [search], cfg).context().summarize, PolicySummarizer)
+    with pytest.raises(ValueError, match="'policy' needs a model"):
+        Agent(None, tok, [search], cfg).context()
+    with pytest.raises(ValueError, match="needs the policy"):
+        Summary(tok, summarize="policy")
