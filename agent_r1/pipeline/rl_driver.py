@@ -30,6 +30,8 @@ from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.models import load_model
+from agent_r1.learner.distributed import gathered, is_main
+from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete, mark_complete, resumable,
@@ -207,16 +209,20 @@ class RLTrainer:
         self._batch_tasks = [self.tasks[i] for i in pick]
         self._t0 = time.perf_counter()
         rng = torch.get_rng_state()
+
+        def sample():  # this rank's shards of the batch (all of it in one process)
+            return rollout_shards(lambda part: rollout(self.engine, self.make_env, part, self.context, self.cfg,
+                                                       self.max_new_tokens, self.max_context_tokens),
+                                  self._batch_tasks, self.cfg.rollout_shards)
+
         try:
-            trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
-                            self.max_new_tokens, self.max_context_tokens)
+            trajs = sample()
         except EngineDied as e:  # restart once and retry the batch (same seeds); a second failure stops the run
             log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", self.method, e)
             self.engine.restart()
             torch.set_rng_state(rng)
             try:
-                trajs = rollout(self.engine, self.make_env, self._batch_tasks, self.context, self.cfg,
-                                self.max_new_tokens, self.max_context_tokens)
+                trajs = sample()
             except EngineDied as e2:
                 where = f"; the last resumable state is {self.files.state}: run the same command again to resume" \
                     if self.files is not None else ""
@@ -250,7 +256,8 @@ class RLTrainer:
         self.engine.close()
 
     def end_iteration(self, trajs: list[Trajectory], stats: dict) -> dict:
-        """Record the iteration's metrics; save a resumable state when due."""
+        """Record the iteration's metrics (of every rank's episodes); save a resumable state when due."""
+        trajs = gathered(trajs)
         self.iteration += 1
         stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in self.engine.stats().items()},
                  "iteration": self.iteration,
@@ -278,7 +285,8 @@ class RLTrainer:
         write_json(self.files.history, self.history)
         mark_complete(out, self.files.fingerprint)
         self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
-        shutil.rmtree(self.files.state, ignore_errors=True)
+        if is_main():
+            shutil.rmtree(self.files.state, ignore_errors=True)
         return out
 
     def run(self, progress: Progress | None = None, runner: Runner = DIRECT) -> Path | None:
