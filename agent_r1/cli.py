@@ -157,7 +157,10 @@ def train(
     from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
     from agent_r1.progress import Progress
 
+    from agent_r1.learner.distributed import shutdown
+
     out = run_all(cfg, _tracker(track and _rank() == 0), Progress(enabled=_rank() == 0), with_control=control)
+    shutdown()
     if _rank() != 0:
         return
     record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")

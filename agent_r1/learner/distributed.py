@@ -149,3 +149,13 @@ def my_share(items: list) -> list:
 def gathered(items: list) -> list:
     """Every rank's ``items`` concatenated in rank order (``items`` itself in a single process)."""
     return [x for part in all_gather_object(items) for x in part] if world_size() > 1 else items
+
+
+def shutdown() -> None:
+    """End the process group once every rank is done (a rank that exits with the group alive can
+    abort in a communication thread's destructor)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+        dist.destroy_process_group()
