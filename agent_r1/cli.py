@@ -41,7 +41,8 @@ class _Commands(TyperGroup):
         except Exception as e:
             if ctx.params.get("debug") or not isinstance(e, _expected_errors()):
                 raise
-            _error(f"error: {e}")
+            if _rank() == 0:  # with N ranks, every rank has the error; one says it
+                _error(f"error: {e}")
             raise typer.Exit(1) from None
 
 
@@ -55,12 +56,19 @@ def main(debug: bool = typer.Option(False, "--debug", envvar="AGENT_R1_DEBUG",
     """Train tool-using LLM agents with end-to-end RL."""
 
 
+def _rank() -> int:
+    """This process's rank under a launcher (torchrun sets RANK), else 0."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _quiet_libraries() -> None:
     from agent_r1.pipeline.env import contain
 
     contain()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # with N ranks, rank 0 reports; the others only warn
+    logging.basicConfig(level=logging.INFO if _rank() == 0 else logging.WARNING,
+                        format="%(message)s" if _rank() == 0 else f"[rank {_rank()}] %(message)s")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -134,15 +142,27 @@ def train(
     overrides: list[str] = SET,
     control: bool = typer.Option(False, help="also run the SFT-only control for RL's wall time"),
     track: bool = TRACK,
+    nproc: int = typer.Option(1, "--nproc", min=1,
+                              help="data-parallel ranks on this machine (torchrun underneath; one per GPU on a GPU machine)"),
 ):
-    """All stages in this process: data → SFT → RL → held-out evaluation → register (MLflow)."""
+    """All stages: data → SFT → RL → held-out evaluation → register (MLflow), in this process or
+    on --nproc ranks (also when a launcher such as torchrun started this process as one rank)."""
+    if nproc > 1:
+        _launch(nproc, ["train", "-p", pipeline, *(["--config", str(config_file)] if config_file else []),
+                        *[x for o in overrides for x in ("-s", o)], "--control" if control else "--no-control",
+                        "--track" if track else "--no-track"])
     _quiet_libraries()
     cfg = _config(pipeline, config_file, overrides)
     from agent_r1.pipeline import run_all
     from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
     from agent_r1.progress import Progress
 
-    out = run_all(cfg, _tracker(track), Progress(), with_control=control)
+    from agent_r1.learner.distributed import shutdown
+
+    out = run_all(cfg, _tracker(track and _rank() == 0), Progress(enabled=_rank() == 0), with_control=control)
+    shutdown()
+    if _rank() != 0:
+        return
     record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
     shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop")}
     console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
@@ -150,6 +170,18 @@ def train(
     if out["register"]:
         r = out["register"]
         console.print(f"registered {r['model']} v{r['version']} as {r['alias']}: {r['reason']}")
+
+
+def _launch(nproc: int, args: list[str]) -> None:
+    """Run ``agent-r1 ARGS`` as ``nproc`` ranks under torchrun on this machine, and exit with its status."""
+    import subprocess
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _error(f"error: --nproc {nproc}: this process is already one of {os.environ['WORLD_SIZE']} ranks of a launcher")
+        raise typer.Exit(2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "agent_r1.cli", *args]
+    raise typer.Exit(subprocess.run(cmd, check=False).returncode)
 
 
 @app.command()

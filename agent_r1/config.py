@@ -194,6 +194,8 @@ class RLConfig(_Strict):
     """Questions sampled per iteration."""
     group_size: int = Field(8, ge=1)
     """Episodes sampled per question (the group of GRPO and RLOO)."""
+    rollout_shards: int | None = Field(None, ge=1)
+    """Rollout batches per iteration, each of whole groups and sampled from a seed of its own, spread over the ranks (null: one per rank, one batch in a single process). Fix it (a multiple of the ranks) and a run samples the same episodes on 1 rank or on N."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of the rollouts."""
     top_p: float = Field(1.0, gt=0, le=1)

@@ -20,6 +20,7 @@ from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, valid
 from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv, ToolEnv, env_tools, get_env, make_env_factory
 from agent_r1.evaluate import summarize_by_hops
+from agent_r1.learner.distributed import gathered, my_share
 from agent_r1.models import build_tiny_model, load_model, train_tokenizer
 from agent_r1.progress import Progress
 from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
@@ -279,15 +280,18 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
 
 
 def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "eval") -> tuple[dict, list]:
+    """Every task's episode and their metrics by hop count. With N ranks each runs its share of the
+    tasks and every rank gets all the episodes back."""
     engine = HFEngine(agent.model, agent.tokenizer, precision=agent.cfg.model.precision)
     params = SamplingParams(temperature=agent.cfg.eval.temperature, max_new_tokens=agent.cfg.env.max_new_tokens)
     torch.manual_seed(agent.cfg.seed)
     with (progress or Progress.null()).task(label, total=None) as report:
         trajs = run_episodes(
-            engine, agent.make_env, tasks, agent.context(), params,
+            engine, agent.make_env, my_share(tasks), agent.context(), params,
             max_context_tokens=agent.cfg.env.max_context_tokens,
             on_turn=lambda turn, n: report(f"turn {turn + 1}: {n} episodes running"),
         )
+    trajs = gathered(trajs)
     return summarize_by_hops(trajs, tasks), trajs
 
 

@@ -13,6 +13,15 @@ this one, every flow run the server schedules for them: runs started from the UI
 deployment, parameters as a form), by the schedule, or by ``prefect deployment run``. Runs
 execute in this process's working directory, so relative paths in the config (pipelines.yaml,
 outputs/, mlruns/) are the project's. Stop with Ctrl-C (the schedule is paused on shutdown).
+
+With ``--pool NAME`` it registers the same three deployments with the process work pool NAME
+instead, and exits; the workers of that pool (``prefect worker start --pool NAME``, one per
+machine; ``infra/gpu_pool.sh`` for GPU hosts) run them, in this folder (the job variable
+``working_dir``: register from a checkout at the path the workers have)::
+
+    prefect work-pool create agent-r1-gpu --type process
+    python -m flows.deploy --pool agent-r1-gpu
+    prefect worker start --pool agent-r1-gpu --limit 1
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import os
 import sys
 
 import flows  # noqa: F401  (contained, offline settings before Prefect is imported)
-from prefect import serve
+from prefect import deploy, serve
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.settings import PREFECT_API_URL
 
@@ -33,10 +42,12 @@ from flows.training import training_flow
 WEEKLY = "0 3 * * 1"  # Mondays 03:00 (the server's time zone: UTC unless configured)
 
 
-def deployments(pipeline: str = "default", config_file: str = "pipelines.yaml", cron: str = WEEKLY) -> list[RunnerDeployment]:
-    """The three deployments; their default parameters run ``pipeline`` of ``config_file``."""
+def deployments(pipeline: str = "default", config_file: str = "pipelines.yaml", cron: str = WEEKLY,
+                job_variables: dict | None = None) -> list[RunnerDeployment]:
+    """The three deployments; their default parameters run ``pipeline`` of ``config_file``
+    (``job_variables``: a work pool's settings for their runs)."""
     params = {"params": {"pipeline": pipeline, "config_file": config_file}}
-    common = {"parameters": params, "tags": ["agent-r1", pipeline],
+    common = {"parameters": params, "tags": ["agent-r1", pipeline], "job_variables": job_variables,
               # by module path: the flow runs import `flows.*` from the installed project
               "entrypoint_type": EntrypointType.MODULE_PATH}
     return [
@@ -57,10 +68,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default="pipelines.yaml", help="the deployments' default pipelines file")
     ap.add_argument("--limit", type=int, default=1,
                     help="flow runs at once (default 1: runs share this machine and their output folders)")
+    ap.add_argument("--pool", help="register the deployments with this process work pool (its workers run them) and exit")
     a = ap.parse_args(argv)
     if not PREFECT_API_URL.value():  # the environment or the active Prefect profile
         sys.exit("PREFECT_API_URL is not set. Start a server with `prefect server start --host 127.0.0.1` and\n"
                  "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+    if a.pool:
+        try:
+            ids = deploy(*deployments(a.pipeline, a.config, a.cron, {"working_dir": os.getcwd()}), work_pool_name=a.pool,
+                         build=False, push=False, print_next_steps_message=False, ignore_warnings=True)
+        except ValueError as e:  # e.g. no such work pool
+            sys.exit(f"error: {e}")
+        print(f"registered {len(ids)} deployments with work pool {a.pool!r}; start its worker with: "
+              f"prefect worker start --pool {a.pool} --limit 1")
+        return
     serve(*deployments(a.pipeline, a.config, a.cron), limit=a.limit)
 
 

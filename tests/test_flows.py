@@ -301,3 +301,55 @@ def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
                 _stop(proc)
         for f in logs.values():
             f.close()
+
+
+@pytest.mark.slow
+def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(prefect_home, tmp_path):
+    """A real `prefect server`, a process work pool and a worker of it (limit 1), the deployments
+    registered with the pool (`python -m flows.deploy --pool`, retraining on its cron), and the
+    dispatch flow starting the training deployment with run_deployment: the worker runs the tiny
+    pipeline to the end, and MLflow holds its run and the registered agent."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.dispatch import dispatch_flow
+
+    port, pool = _free_port(), "agent-r1-test"
+    api = f"http://127.0.0.1:{port}/api"
+    env = _python_env(PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
+                      PREFECT_WORKER_QUERY_SECONDS="1", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "worker")}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], cwd=tmp_path, env=env, stdout=logs["server"],
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    worker = None
+    try:
+        _wait_healthy(api, server, timeout=180)
+        run = lambda *cmd, cwd=tmp_path: subprocess.run([sys.executable, "-m", *cmd], cwd=cwd, env=env, text=True,
+                                                         capture_output=True, timeout=300)
+        created = run("prefect", "work-pool", "create", pool, "--type", "process")
+        assert created.returncode == 0, created.stdout + created.stderr
+        deployed = run("flows.deploy", "--pool", pool, "--cron", "0 4 * * 0", cwd=REPO)
+        assert deployed.returncode == 0 and "registered 3 deployments" in deployed.stdout, deployed.stdout + deployed.stderr
+        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
+                                  cwd=tmp_path, env=env, stdout=logs["worker"], stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            client = get_client(sync_client=True)
+            training = client.read_deployment_by_name("training/training")
+            assert training.work_pool_name == pool and training.job_variables == {"working_dir": str(REPO)}
+            retraining = client.read_deployment_by_name("retraining/retraining")
+            assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
+            result = dispatch_flow("training/training", {"pipeline": "tiny", "overrides": tiny(tmp_path / "out", "rl.iterations=1")},
+                                   timeout_s=500, poll_interval_s=1)
+            flow_run = client.read_flow_run(result["flow_run_id"])
+            assert flow_run.state.is_completed() and flow_run.work_pool_name == pool, (tmp_path / "worker.log").read_text()[-3000:]
+        assert worker.poll() is None  # the worker ran it (as a subprocess) and is still polling
+        tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
+        pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'tiny'")
+        assert [r.info.status for r in pipeline_runs] == ["FINISHED"]
+        assert tracker.alias_version("agent-r1", "champion")["version"] == "1"
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                _stop(proc)

@@ -33,6 +33,8 @@ SKIP = {
     "export ": "sets the API URL for the served deployments",
     ".venv/bin/python -m flows.deploy": "serves until stopped (tests/test_flows.py::test_served_deployments_run_from_the_api)",
     ".venv/bin/agent-r1 train --config examples/": "its own test runs the example (tests/test_examples.py)",
+    ".venv/bin/agent-r1 train -p default": "GPU commands of 'Scaling out' (tests/test_distributed.py runs 2 CPU ranks)",
+    ".venv/bin/python -m torch.distributed.run": "two GPU nodes (tests/test_distributed.py runs 2 nodes on 127.0.0.1)",
 }
 
 

@@ -1,4 +1,10 @@
-"""Starting torch.distributed for DeepSpeed, on CPU (gloo) or GPU (nccl), with a visible cost."""
+"""Starting torch.distributed for DeepSpeed, on CPU (gloo) or GPU (nccl), with a visible cost; and the
+few collectives the pipeline uses across ranks (each one a no-op in a single process).
+
+A process is one of several ranks when a launcher (``torchrun``, ``deepspeed``, ``agent-r1 train
+--nproc N``) set ``WORLD_SIZE`` > 1. Rank 0 owns the record (MLflow, checkpoints, state files,
+metrics: DESIGN.md contract 8); :func:`is_main` says whether this process is it.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ def init_distributed(backend: str | None = None) -> None:
     added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
     os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available() and "LOCAL_RANK" not in added:  # "cuda" is this rank's GPU from here on
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     log.info("starting DeepSpeed (%s); the first run on a machine compiles a C++ op (~30 s)", backend)
     t0 = time.perf_counter()
     try:
@@ -59,3 +67,95 @@ def init_distributed(backend: str | None = None) -> None:
         for k in {"MASTER_ADDR", "MASTER_PORT"} & set(added):
             os.environ.pop(k, None)
     log.info("DeepSpeed ready in %.1f s", time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------ ranks
+def world_size() -> int:
+    """How many ranks this run has (1 unless a launcher started several)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    """This process's global rank (0 in a single process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0: the process that writes files and talks to MLflow."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing to wait for in a single process)."""
+    if world_size() > 1:
+        init_distributed()
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast_object(obj=None):
+    """Rank 0's ``obj`` on every rank."""
+    if world_size() == 1:
+        return obj
+    init_distributed()
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order."""
+    if world_size() == 1:
+        return [obj]
+    init_distributed()
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """``values`` summed (``op="sum"``) or maximised (``"max"``) over the ranks, in float64."""
+    if world_size() == 1:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors only
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def my_share(items: list) -> list:
+    """This rank's contiguous share of ``items`` (rank r's follows rank r-1's; all of them in a
+    single process): :func:`gathered` puts the shares back in order."""
+    n, r, world = len(items), rank(), world_size()
+    return items[n * r // world: n * (r + 1) // world]
+
+
+def gathered(items: list) -> list:
+    """Every rank's ``items`` concatenated in rank order (``items`` itself in a single process)."""
+    return [x for part in all_gather_object(items) for x in part] if world_size() > 1 else items
+
+
+def shutdown() -> None:
+    """End the process group once every rank is done (a rank that exits with the group alive can
+    abort in a communication thread's destructor)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+        dist.destroy_process_group()

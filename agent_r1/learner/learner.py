@@ -10,6 +10,7 @@ how the batch was split.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from agent_r1.algorithms import (
     value_loss,
 )
 from agent_r1.atomic import replace_dir
-from agent_r1.learner.distributed import init_distributed
+from agent_r1.learner.distributed import (all_gather_object, all_reduce, barrier, broadcast_object, init_distributed,
+                                          is_main, rank, world_size)
 from agent_r1.learner.lora import add_lora, merged
 from agent_r1.models import autocast, cache_kwarg, output_cache
 from agent_r1.trajectory import TrainBatch
@@ -86,6 +88,52 @@ class LearnerConfig(BaseModel):
     """>0: RL trains rank-r LoRA adapters on the decoder's linear layers instead of every weight (checkpoints are saved merged); SFT and the control always train every weight."""
     lora_alpha: float = Field(32.0, gt=0)
     """LoRA scale numerator: the adapters' output is multiplied by lora_alpha / lora_rank."""
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON file (e.g. infra/deepspeed/zero3.json; relative to the working directory) merged over the learner's own DeepSpeed keys: bf16, ZeRO stage (it wins over zero_stage), offload, bucket sizes. With optimizer offload the learner uses DeepSpeed's CPU Adam. null: the learner's keys alone."""
+
+    @field_validator("deepspeed_config")
+    @classmethod
+    def _deepspeed_config(cls, v: str | None) -> str | None:
+        if v is not None:
+            read_deepspeed_json(v)
+        return v
+
+
+# Micro-batching is the learner's: it splits a mini-batch by micro_batch_tokens and calls step() itself.
+LEARNER_OWNED = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "managed_gradient_accumulation": False}
+
+
+def read_deepspeed_json(path: str) -> dict:
+    """The DeepSpeed config file ``path``; a ValueError in one line if it is missing, not a JSON
+    object, or sets the learner's micro-batching keys (:data:`LEARNER_OWNED`) otherwise."""
+    f = Path(path)
+    if not f.is_file():
+        raise ValueError(f"{path}: no such DeepSpeed config file")
+    try:
+        cfg = json.loads(f.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a DeepSpeed config is a JSON object")
+    for key, value in LEARNER_OWNED.items():
+        if key in cfg and cfg[key] != value:
+            raise ValueError(f"{path}: {key}={cfg[key]!r}, but the learner micro-batches itself ({key} must be {value!r})")
+    return cfg
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` merged into a copy of ``base``, nested sections key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def ds_config(cfg: LearnerConfig) -> dict:
+    """What the learner initialises DeepSpeed with: its own keys (:func:`_ds_config`) with the file
+    ``cfg.deepspeed_config`` merged over them."""
+    own = _ds_config(cfg)
+    return _merge(own, read_deepspeed_json(cfg.deepspeed_config)) if cfg.deepspeed_config else own
 
 
 def _ds_config(cfg: LearnerConfig) -> dict:
@@ -101,12 +149,21 @@ def _ds_config(cfg: LearnerConfig) -> dict:
 
 
 def _initialize(module: torch.nn.Module, lr: float, cfg: LearnerConfig):
+    """``module`` as a DeepSpeed engine with the learner's AdamW, or DeepSpeed's CPU Adam (the same
+    update, a vectorised C++ op) when the config offloads the optimizer to the CPU."""
     import deepspeed
 
     init_distributed()
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
-    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=_ds_config(cfg))
+    config = ds_config(cfg)
+    offload = (config.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
+    if offload in ("cpu", "nvme"):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # compiled on first use (~30 s on a CPU)
+
+        opt = DeepSpeedCPUAdam(params, lr=lr, weight_decay=cfg.weight_decay, adamw_mode=True)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    engine, *_ = deepspeed.initialize(model=module, optimizer=opt, config=config)
     return engine
 
 
@@ -194,6 +251,24 @@ def _device(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+def _evened(micros: list[torch.Tensor], needed: bool) -> int:
+    """Pad ``micros`` in place, on every rank, to the most micro-batches any rank has (``needed``:
+    ZeRO-2/3 reduce gradients in each backward and ZeRO-3 gathers the weights in each forward, so the
+    ranks' passes must pair up), and to at least one (a rank without rows still takes part in the step).
+    The padding repeats row 0 and weighs 0; returns the number of real micro-batches."""
+    real = len(micros)
+    if world_size() > 1:
+        n = int(all_reduce([real], "max")[0]) if needed else max(real, 1)
+        micros += [torch.tensor([0])] * (n - real)
+    return real
+
+
+def _partitions(engine, weights_only: bool = False) -> bool:
+    """Does this DeepSpeed engine shard gradients (ZeRO-2/3), or the weights too (ZeRO-3)?"""
+    attr = "zero_optimization_partition_weights" if weights_only else "zero_optimization_partition_gradients"
+    return bool(getattr(engine, attr, lambda: False)())
+
+
 class ValueModel(torch.nn.Module):
     """A critic: the policy's transformer body with a scalar head, one value per token."""
 
@@ -223,11 +298,11 @@ class Learner:
         self.cfg = cfg
         self.precision = precision  # forward passes under agent_r1.models.autocast; fp32 master weights
         if cfg.lora_rank:
-            if cfg.zero_stage == 3:
+            if ds_config(cfg)["zero_optimization"].get("stage", 0) == 3:
                 raise ValueError("rl.learner.lora_rank needs zero_stage 0-2 (ZeRO-3 partitions the frozen weights)")
             add_lora(policy, cfg.lora_rank, cfg.lora_alpha)
         self.engine = _initialize(policy, cfg.lr, cfg)
-        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
+        self.reference = reference.eval().requires_grad_(False).to(_device(policy)) if reference is not None else None
         self.critic = _initialize(critic, cfg.critic_lr, cfg) if critic is not None else None
         self.policy_loss = get_policy_loss(cfg.policy_loss)
 
@@ -246,12 +321,16 @@ class Learner:
         out = torch.zeros_like(batch.attention_mask, dtype=torch.float)
         lengths = batch.attention_mask.sum(1)
         rows = torch.arange(len(lengths)) if rows is None else rows
-        for micro in split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens):
+        micros = split_by_tokens(rows, lengths, self.cfg.micro_batch_tokens)
+        real = _evened(micros, model is self.model and _partitions(self.engine, weights_only=True))
+        for i, micro in enumerate(micros):
             mb = batch.select(micro, _device(model))
             T = mb.input_ids.shape[1]
             with autocast(self.precision, _device(model)):
-                out[micro, :T] = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
-                                                positions=mb.loss_mask, share_prefix=self.cfg.share_prefix).float().cpu()
+                lp = token_logprobs(model, mb.input_ids, mb.attention_mask, self.cfg.temperature,
+                                   positions=mb.loss_mask, share_prefix=self.cfg.share_prefix).float().cpu()
+            if i < real:
+                out[micro, :T] = lp
         model.train(was)
         return out
 
@@ -259,16 +338,25 @@ class Learner:
     def values(self, batch: TrainBatch) -> torch.Tensor:
         out = torch.zeros_like(batch.attention_mask, dtype=torch.float)
         lengths = batch.attention_mask.sum(1)
-        for rows in split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens):
+        micros = split_by_tokens(torch.arange(len(lengths)), lengths, self.cfg.micro_batch_tokens)
+        real = _evened(micros, _partitions(self.critic, weights_only=True))
+        for i, rows in enumerate(micros):
             mb = batch.select(rows, _device(self.critic))
             with autocast(self.precision, _device(self.critic)):
-                out[rows, : mb.input_ids.shape[1]] = self.critic(mb.input_ids, mb.attention_mask).float().cpu()
+                v = self.critic(mb.input_ids, mb.attention_mask).float().cpu()
+            if i < real:
+                out[rows, : mb.input_ids.shape[1]] = v
         return out
 
     # ---------------------------------------------------------------- updates
     def _minibatches(self, n: int, generator: torch.Generator | None):
-        perm = torch.randperm(n, generator=generator)
-        return [m for m in perm.chunk(self.cfg.mini_batches) if len(m)]
+        """This rank's rows (of ``n``) of each mini-batch. The permutation is of every rank's rows
+        (rank r's after those of ranks < r), the same on every rank and the same as one process's
+        over the union of their rows; each rank keeps its own rows of each part (maybe none)."""
+        counts = all_gather_object(n)
+        offset, total = sum(counts[: rank()]), sum(counts)
+        perm = torch.randperm(total, generator=generator)
+        return [m[(m >= offset) & (m < offset + n)] - offset for m in perm.chunk(self.cfg.mini_batches) if len(m)]
 
     def _weight(self, mb_mask: torch.Tensor, total: _Weights) -> float:
         if self.cfg.loss_agg == "token-mean":
@@ -282,25 +370,35 @@ class Learner:
         ``compute``, a subset of ``rows``, is the rows whose loss can have a gradient: only
         they are run, while the loss stays normalised over all of ``rows``, so the step is the
         one over all of them. Metrics are averages over the rows run.
+
+        With N ranks, ``rows`` is this rank's part of the mini-batch: the loss is normalised over
+        every rank's rows (their token and sequence counts summed) and multiplied by N, which
+        DeepSpeed's gradient all-reduce divides by, so the step is the one a single process takes
+        over the union of the ranks' rows; the metrics are averaged over every rank's rows.
         """
+        world = world_size()
         mask = getattr(batch, mask_key)[rows]
-        total = _Weights(float(mask.sum()), float((mask.sum(1) > 0).sum()))
+        total = _Weights(*all_reduce([float(mask.sum()), float((mask.sum(1) > 0).sum())]))
         lengths = batch.attention_mask.sum(1)
+        micros = split_by_tokens(rows if compute is None else compute, lengths, self.cfg.micro_batch_tokens)
+        real = _evened(micros, _partitions(engine))
         sums: dict[str, float] = {}
         w_sum = 0.0
-        for micro in split_by_tokens(rows if compute is None else compute, lengths, self.cfg.micro_batch_tokens):
+        for i, micro in enumerate(micros):
             mb = batch.select(micro, _device(engine))
-            w = self._weight(getattr(mb, mask_key), total)
-            if w == 0:
+            w = self._weight(getattr(mb, mask_key), total) if i < real else 0.0
+            if w == 0 and world == 1:
                 continue
             with autocast(self.precision, _device(engine)):
                 loss, metrics = loss_fn(mb)
-            engine.backward(loss * w)
+            engine.backward(loss * (w * world))
             w_sum += w
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + w * float(v)
         engine.step()
-        return {k: v / w_sum for k, v in sums.items()}
+        keys = sorted(sums)
+        w_sum, *values = all_reduce([w_sum] + [sums[k] for k in keys])
+        return {k: v / w_sum for k, v in zip(keys, values)}
 
     @property
     def single_step(self) -> bool:
@@ -331,8 +429,9 @@ class Learner:
             loss = -aggregate(logp, mb.loss_mask, self.cfg.loss_agg)
             return loss, {"sft_loss": loss.detach()}
 
-        self.engine.train()
-        return self._accumulate(self.engine, batch, torch.arange(len(batch)), "loss_mask", loss_fn)
+        self.engine.train()  # with N ranks, each runs its share of the batch's rows
+        rows = torch.arange(len(batch)).tensor_split(world_size())[rank()]
+        return self._accumulate(self.engine, batch, rows, "loss_mask", loss_fn)
 
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict:
         """PPO-style policy (and critic) epochs over ``batch``.
@@ -388,8 +487,9 @@ class Learner:
                     for k, v in self._accumulate(self.critic, batch, rows, "adv_mask", critic_loss_fn).items():
                         history.setdefault(k, []).append(v)
         stats = {k: sum(v) / len(v) for k, v in history.items()}
-        stats["update/live_share"] = float(live.float().mean())  # share of rows the policy update ran
-        stats["update/tokens"] = int(batch.attention_mask[live].sum()) * cfg.ppo_epochs
+        n_live, n_rows, tokens = all_reduce([float(live.sum()), float(len(live)), float(batch.attention_mask[live].sum())])
+        stats["update/live_share"] = n_live / n_rows  # share of rows the policy update ran (every rank's)
+        stats["update/tokens"] = int(tokens) * cfg.ppo_epochs
         return stats
 
     # ---------------------------------------------------------------- checkpoints
@@ -401,19 +501,27 @@ class Learner:
 
         DeepSpeed's own checkpoint (any ZeRO stage) goes to a temp folder renamed over ``path``,
         so a process killed mid-write leaves the previous state intact; the temp folders such a
-        kill left are removed here.
+        kill left are removed here. With N ranks, every rank writes its shards (ZeRO's optimizer
+        partitions) into rank 0's temp folder, and rank 0 alone renames it.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp = None
+        if is_main():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in path.parent.glob(f".{path.name}.*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+            for tag in ("policy", "critic") if self.critic is not None else ("policy",):
+                Path(tmp, tag).mkdir()  # before DeepSpeed's every-rank makedirs, which then finds it
+        tmp = Path(broadcast_object(tmp))
         self.engine.save_checkpoint(str(tmp), tag="policy", client_state=client_state, save_latest=False)
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp), tag="critic", save_latest=False)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        replace_dir(tmp, path)
+        barrier()  # every rank's part is written
+        if is_main():
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            replace_dir(tmp, path)
         return path
 
     def load_state(self, path: str | Path) -> dict:
@@ -431,18 +539,21 @@ def save_hf_checkpoint(engine_or_model, path: str | Path, tokenizer=None) -> Pat
     """Write a Hugging Face folder (safetensors) atomically: into a temp dir, then rename.
 
     A reader (or a resumed run) never sees a half-written checkpoint: either the old folder or
-    the complete new one is at ``path``.
+    the complete new one is at ``path``. With N ranks every rank calls it (ZeRO-3's shards are
+    gathered from all of them) and rank 0 alone writes one plain folder.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     module = getattr(engine_or_model, "module", engine_or_model)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     state = None
-    if getattr(engine_or_model, "zero_optimization_partition_weights", lambda: False)():
-        state = engine_or_model._zero3_consolidated_16bit_state_dict()  # ZeRO-3: gather shards
-    with merged(module):  # LoRA adapters (if any) folded into plain weights
-        module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    replace_dir(tmp, path)
+    if _partitions(engine_or_model, weights_only=True):
+        state = engine_or_model._zero3_consolidated_16bit_state_dict()  # ZeRO-3: gathered on rank 0
+    if is_main():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        with merged(module):  # LoRA adapters (if any) folded into plain weights
+            module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        replace_dir(tmp, path)
+    barrier()
     return path

@@ -31,7 +31,9 @@ from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
+from agent_r1.learner.distributed import gathered, is_main
 from agent_r1.models import load_model
+from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete, mark_complete, resumable,
@@ -50,20 +52,24 @@ log = logging.getLogger(__name__)
 # or (the Prefect flow) as tasks named after them.
 def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     """This iteration's tasks (``tasks_per_iteration``, drawn with the trainer's generator) and
-    ``group_size`` sampled episodes of each; episodes of one task share a group id. A rollout
+    ``group_size`` sampled episodes of each; episodes of one task share a group id. With N ranks,
+    this rank's shards of the tasks (:func:`~agent_r1.pipeline.ranks.rollout_shards`). A rollout
     engine that dies is restarted once and the batch retried with the same seeds."""
     cfg = trainer.cfg
     pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
     trainer.batch_tasks = [trainer.tasks[i] for i in pick]
-    reps = [t for t in trainer.batch_tasks for _ in range(cfg.group_size)]
-    groups = [i for i in range(len(trainer.batch_tasks)) for _ in range(cfg.group_size)]
     params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens)
     trainer.t_start = time.perf_counter()
     rng = torch.get_rng_state()
 
-    def run() -> list[Trajectory]:
+    def episodes(part: list[dict]) -> list[Trajectory]:
+        reps = [t for t in part for _ in range(cfg.group_size)]
+        groups = [i for i in range(len(part)) for _ in range(cfg.group_size)]
         return run_episodes(trainer.engine, trainer.make_env, reps, trainer.context, params, groups,
                             trainer.max_context_tokens)
+
+    def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process)
+        return rollout_shards(episodes, trainer.batch_tasks, cfg.rollout_shards)
 
     try:
         trajs = run()
@@ -126,7 +132,9 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
 
 
 def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) -> dict:
-    """Record the iteration's metrics; save a resumable state every ``rl.checkpoint_every``."""
+    """Record the iteration's metrics (of every rank's episodes); save a resumable state every
+    ``rl.checkpoint_every``."""
+    trajs = gathered(trajs)
     trainer.iteration += 1
     it, cfg = trainer.iteration, trainer.cfg
     stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine.stats().items()},
@@ -136,7 +144,7 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     trainer.log.metrics(stats, it)
     if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
         trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
-        if trainer.files is not None:
+        if trainer.files is not None and is_main():
             save_parquet(trajs, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
     if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
         client = {"step": it, "history": trainer.history, "rng": trainer.rng.get_state(),
@@ -283,7 +291,8 @@ class RLTrainer:
         write_json(self.files.history, self.history)
         mark_complete(out, self.files.fingerprint)
         self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
-        shutil.rmtree(self.files.state, ignore_errors=True)
+        if is_main():
+            shutil.rmtree(self.files.state, ignore_errors=True)
         return out
 
     def run(self, progress: Progress | None = None, runner: Runner = DIRECT) -> Path | None:

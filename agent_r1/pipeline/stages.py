@@ -27,9 +27,11 @@ import torch
 from agent_r1.config import ConfigError, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
+from agent_r1.learner.distributed import is_main
 from agent_r1.models import TAGS, build_tiny_model, default_device, load_model
 from agent_r1.pipeline.control import control
 from agent_r1.pipeline.promote import register
+from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
@@ -49,7 +51,12 @@ STAGES = ("prepare", "sft", "train", "evaluate", "register")
 
 # ------------------------------------------------------------------------------ stages
 def prepare(cfg: RunConfig, stage_log: StageLog = NULL_LOG) -> dict:
-    """Write the dataset (parquet) and return its version and size."""
+    """Write the dataset (parquet) and return its version and size. With N ranks rank 0 writes it
+    while the others wait."""
+    return on_main(_prepare, cfg, stage_log)
+
+
+def _prepare(cfg: RunConfig, stage_log: StageLog) -> dict:
     data_dir = prepare_data(cfg)
     problems = selection_problems(cfg, data_dir)  # before any model loads
     if problems:
@@ -130,7 +137,8 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     out = learner.save(checkpoint_dir(cfg, "sft"), tokenizer)
     write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
     mark_complete(out, fp)
-    shutil.rmtree(state_dir, ignore_errors=True)
+    if is_main():
+        shutil.rmtree(state_dir, ignore_errors=True)
     return out
 
 
@@ -233,7 +241,12 @@ def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Pr
     Returns ``{"mlflow_run_id", "data_version", "eval", "register", "timings"}``; writes
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
     RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
+
+    With N ranks (a launcher started N processes) every rank runs the sequence; rank 0 alone
+    talks to MLflow (the others get no ``tracker``) and writes files (:mod:`.ranks`).
     """
+    check_ranks(cfg, plan.control)
+    tracker = tracker if is_main() else None
     use_runtime(cfg)
     log.info("pipeline %s: seed %d, %s, precision %s (model.precision: %s), %d torch threads, output %s",
              cfg.name, cfg.seed, default_device(), computed_precision(cfg), cfg.model.precision,

@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 
 from agent_r1.config import RunConfig
+from agent_r1.learner.distributed import is_main
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,10 @@ SUPERVISED = ("base", "sft", "sft_control")
 
 
 def write_json(path: Path, obj) -> None:
-    """``obj`` as JSON at ``path``, atomically (a temp file renamed over it)."""
+    """``obj`` as JSON at ``path``, atomically (a temp file renamed over it). With N ranks, rank 0
+    alone writes (metrics, state files, complete markers: the record is rank 0's)."""
+    if not is_main():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
