@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, registered_name
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
 from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
+from agent_r1.dicts import deep_merge
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
 
@@ -558,13 +559,6 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _kind(value) -> str:
     names = {dict: "a mapping", list: "a list", str: "a string", type(None): "nothing (null)"}
     return names.get(type(value), f"a {type(value).__name__}")
@@ -673,7 +667,7 @@ def _resolve(pipelines: dict, name: str, path: Path, seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: pipeline {name!r} extends {where!r}, which is not defined; "
                           f"defined{'' if base_path == path else f' in {base_path}'}: {sorted(base_pipelines)}")
     parent = _resolve(base_pipelines, base, base_path, seen + ((path, name),))
-    return _merge({k: v for k, v in parent.items() if k not in ("name", "output_dir")}, raw)
+    return deep_merge({k: v for k, v in parent.items() if k not in ("name", "output_dir")}, raw)
 
 
 def load_config(pipeline: str = "default", path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
@@ -695,8 +689,8 @@ def load_config(pipeline: str = "default", path: str | Path | None = None, overr
         raw = _resolve(pipelines, pipeline, path)
     elif pipeline != "default":
         raise ConfigError(f"no pipelines file (./pipelines.yaml) defines pipeline {pipeline!r}")
-    raw = _merge({"name": pipeline, "output_dir": f"outputs/{pipeline}"}, raw)
-    raw = _merge(raw, overrides or {})
+    raw = deep_merge({"name": pipeline, "output_dir": f"outputs/{pipeline}"}, raw)
+    raw = deep_merge(raw, overrides or {})
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:

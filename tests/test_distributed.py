@@ -79,7 +79,7 @@ def _assert_same_run(got: Path, ref: Path) -> None:
     assert [h["iteration"] for h in a] == [1, 2] and len(b) == 2
     for x, y in zip(a, b):
         assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6) for k in x), (x, y)
-    assert b[-1]["reward_std"] > 0 and b[-1]["update/live_share"] == 1  # the update had something to learn
+    assert max(h["reward_std"] for h in b) > 0 and b[-1]["update/live_share"] == 1  # the update had something to learn
     read = lambda r, f: json.loads((r / "out" / "metrics" / f).read_text())
     assert read(got, "eval.json") == read(ref, "eval.json")
     for ckpt in ("checkpoints/sft", "rl/grpo"):
@@ -286,13 +286,16 @@ def test_optimizer_offload_uses_deepspeeds_cpu_adam_and_trains(make_model, tok):
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     from agent_r1.learner import Learner, LearnerConfig
+    from agent_r1.trajectory import Sequence, collate
 
     learner = Learner(make_model(seed=0), LearnerConfig(deepspeed_config=str(ROOT / "infra" / "deepspeed" / "zero2_offload.json")),
                       precision="fp32")
     assert isinstance(learner.engine.optimizer.optimizer, DeepSpeedCPUAdam)
     before = {k: p.detach().float().clone() for k, p in learner.model.named_parameters()}
     ids = torch.randint(5, len(tok), (2, 12), generator=torch.Generator().manual_seed(0))
-    stats = learner.sft_step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones(2, 12)})
+    seqs = [Sequence(ids=row.tolist(), action=[1] * 12, step_ids=[0] * 12, rewards=[0.0] * 12, sample_logprobs=[0.0] * 12,
+                     group_id=0, prompt_len=0) for row in ids]
+    stats = learner.sft_step(collate(seqs, tok.pad_token_id))
     assert stats["sft_loss"] > 0
     # every matrix moved (the file turns bf16 on: a 1e-4 step of a norm's 1.0 is below bf16's resolution there)
     matrices = {k for k, p in learner.model.named_parameters() if p.dim() == 2}

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_r1.config import _merge, parse_overrides
+from agent_r1.config import parse_overrides
+from agent_r1.dicts import deep_merge
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -117,7 +118,7 @@ def test_dvc_repro_from_scratch_then_nothing_and_metrics(tmp_path):
     """`dvc repro` runs the five stages; again it runs none; metrics show the numbers.
     (`dvc exp run` re-running train onward only is checked by tests/test_readme.py, which runs
     the README's `dvc exp run` after `make run`.)"""
-    repo = scratch_repo(tmp_path, _merge(repo_pipeline(), parse_overrides(TINY)))
+    repo = scratch_repo(tmp_path, deep_merge(repo_pipeline(), parse_overrides(TINY)))
     env = _env(tmp_path)
     dvc = [str(BIN / "dvc")]
     out = repo / "outputs" / "default"

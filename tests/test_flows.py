@@ -7,6 +7,7 @@ here imports Prefect at collection time: ``PREFECT_HOME`` must point at a temp f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -252,6 +253,35 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def _prefect_server(tmp_path: Path, log: str, **settings: str):
+    """A real `prefect server` on a free loopback port, healthy. Yields the environment that points
+    a process at it (its API, a Prefect home and MLflow under ``tmp_path``, ``settings``), the open
+    log files ("server" and ``log``), and ``started(proc)``, which registers a process the test
+    starts; at the end those processes and the server are stopped and the logs closed."""
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = _python_env(PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
+                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db", **settings)
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", log)}
+    procs = [subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=tmp_path, env=env, stdout=logs["server"], stderr=subprocess.STDOUT,
+                              start_new_session=True)]
+
+    def started(proc: subprocess.Popen) -> subprocess.Popen:
+        procs.append(proc)
+        return proc
+
+    try:
+        _wait_healthy(api, procs[0], timeout=180)
+        yield env, logs, started
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        for f in logs.values():
+            f.close()
+
+
 @pytest.mark.slow
 def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
     """A real `prefect server`, `python -m flows.deploy` against it, a run triggered through
@@ -260,22 +290,11 @@ def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    home = tmp_path / "prefect_home"
-    env = _python_env(PREFECT_HOME=str(home), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
-                      PREFECT_RUNNER_POLL_FREQUENCY="1",  # the served process picks up new runs within 1 s
-                      MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve")}
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=tmp_path, env=env, stdout=logs["server"],
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    served = None
-    try:
-        _wait_healthy(api, server, timeout=180)
-        served = subprocess.Popen([sys.executable, "-m", "flows.deploy", "--cron", "0 4 * * 0"], cwd=REPO, env=env,
-                                  stdout=logs["serve"], stderr=subprocess.STDOUT, start_new_session=True)
-        with temporary_settings(updates={PREFECT_API_URL: api}):
+    # the served process picks up new runs within 1 s
+    with _prefect_server(tmp_path, "serve", PREFECT_RUNNER_POLL_FREQUENCY="1") as (env, logs, started):
+        served = started(subprocess.Popen([sys.executable, "-m", "flows.deploy", "--cron", "0 4 * * 0"], cwd=REPO,
+                                          env=env, stdout=logs["serve"], stderr=subprocess.STDOUT, start_new_session=True))
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
             client = get_client(sync_client=True)
             deadline = time.monotonic() + 180
             while True:
@@ -295,12 +314,6 @@ def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
         champion = tracker.alias_version("agent-r1", "champion")
         assert champion is not None and champion["version"] == "1"
         assert (tmp_path / "out" / "checkpoints" / "sft" / "config.json").exists()  # no champion: SFT first
-    finally:
-        for proc in (served, server):
-            if proc is not None:
-                _stop(proc)
-        for f in logs.values():
-            f.close()
 
 
 @pytest.mark.slow
@@ -314,27 +327,18 @@ def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_di
 
     from flows.dispatch import dispatch_flow
 
-    port, pool = _free_port(), "agent-r1-test"
-    api = f"http://127.0.0.1:{port}/api"
-    env = _python_env(PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
-                      PREFECT_WORKER_QUERY_SECONDS="1", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "worker")}
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], cwd=tmp_path, env=env, stdout=logs["server"],
-                              stderr=subprocess.STDOUT, start_new_session=True)
-    worker = None
-    try:
-        _wait_healthy(api, server, timeout=180)
+    pool = "agent-r1-test"
+    with _prefect_server(tmp_path, "worker", PREFECT_WORKER_QUERY_SECONDS="1") as (env, logs, started):
         run = lambda *cmd, cwd=tmp_path: subprocess.run([sys.executable, "-m", *cmd], cwd=cwd, env=env, text=True,
                                                          capture_output=True, timeout=300)
         created = run("prefect", "work-pool", "create", pool, "--type", "process")
         assert created.returncode == 0, created.stdout + created.stderr
         deployed = run("flows.deploy", "--pool", pool, "--cron", "0 4 * * 0", cwd=REPO)
         assert deployed.returncode == 0 and "registered 3 deployments" in deployed.stdout, deployed.stdout + deployed.stderr
-        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
-                                  cwd=tmp_path, env=env, stdout=logs["worker"], stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-        with temporary_settings(updates={PREFECT_API_URL: api}):
+        worker = started(subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
+                                          cwd=tmp_path, env=env, stdout=logs["worker"], stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
             client = get_client(sync_client=True)
             training = client.read_deployment_by_name("training/training")
             assert training.work_pool_name == pool and training.job_variables == {"working_dir": str(REPO)}
@@ -349,7 +353,3 @@ def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_di
         pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'tiny'")
         assert [r.info.status for r in pipeline_runs] == ["FINISHED"]
         assert tracker.alias_version("agent-r1", "champion")["version"] == "1"
-    finally:
-        for proc in (worker, server):
-            if proc is not None:
-                _stop(proc)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent_r1.config import _merge, parse_overrides
+from agent_r1.config import parse_overrides
+from agent_r1.dicts import deep_merge
 from tests.test_dvc import BIN, ROOT, TINY, _env, ran, repo_pipeline, scratch_repo
 
 # what a README command may be skipped for in the slow run (matched against the command's start)
@@ -106,7 +107,7 @@ def _make_recipe(target: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # three pipeline runs, evaluations, a DVC experiment: 15 min on the 2-core machine at load 8
 def test_readme_commands_run_at_tiny_scale(tmp_path):
-    tiny = _merge(repo_pipeline(), parse_overrides(TINY))
+    tiny = deep_merge(repo_pipeline(), parse_overrides(TINY))
     repo = scratch_repo(tmp_path, tiny)
     pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny)}  # no YAML alias: `dvc exp run -S` edits one
     (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": pipelines}, sort_keys=False))

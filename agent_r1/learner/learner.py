@@ -28,6 +28,7 @@ from agent_r1.algorithms import (
     value_loss,
 )
 from agent_r1.atomic import replace_dir
+from agent_r1.dicts import deep_merge
 from agent_r1.learner.distributed import (all_gather_object, all_reduce, barrier, broadcast_object, init_distributed,
                                           is_main, rank, world_size)
 from agent_r1.learner.lora import add_lora, merged
@@ -121,19 +122,11 @@ def read_deepspeed_json(path: str) -> dict:
     return cfg
 
 
-def _merge(base: dict, over: dict) -> dict:
-    """``over`` merged into a copy of ``base``, nested sections key by key."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def ds_config(cfg: LearnerConfig) -> dict:
     """What the learner initialises DeepSpeed with: its own keys (:func:`_ds_config`) with the file
     ``cfg.deepspeed_config`` merged over them."""
     own = _ds_config(cfg)
-    return _merge(own, read_deepspeed_json(cfg.deepspeed_config)) if cfg.deepspeed_config else own
+    return deep_merge(own, read_deepspeed_json(cfg.deepspeed_config)) if cfg.deepspeed_config else own
 
 
 def _ds_config(cfg: LearnerConfig) -> dict:
