@@ -160,12 +160,13 @@ def test_two_nodes_of_one_rank_train_what_one_rank_trains(one_rank, tmp_path):
         if any(p.poll() not in (None, 0) for p in procs):  # one node failed: the other would wait for it
             break
         time.sleep(0.5)
-    for p in procs:
-        if p.poll() is None:
+    stopped = [p.poll() is None for p in procs]  # still running: stopped here, after the other failed
+    for p, stop in zip(procs, stopped):
+        if stop:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    for node, proc in enumerate(procs):
-        _wait(proc, tmp_path, f"node{node}.txt", timeout=1)
+    for node in sorted(range(2), key=stopped.__getitem__):  # the node that failed by itself first
+        _wait(procs[node], tmp_path, f"node{node}.txt", timeout=1)
     _assert_same_run(tmp_path, one_rank)
     _assert_one_record(tmp_path)
     assert "held-out evaluation (tiny)" in (tmp_path / "node0.txt").read_text()  # node 0 has rank 0

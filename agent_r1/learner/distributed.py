@@ -151,11 +151,13 @@ def gathered(items: list) -> list:
     return [x for part in all_gather_object(items) for x in part] if world_size() > 1 else items
 
 
-def shutdown() -> None:
+def shutdown() -> int:
     """End the process group once every rank is done (a rank that exits with the group alive can
-    abort in a communication thread's destructor)."""
+    abort in a communication thread's destructor); returns how many ranks there were."""
     import torch.distributed as dist
 
+    n = world_size()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
         dist.destroy_process_group()
+    return n
