@@ -6,7 +6,7 @@
 Each row is one ``agent-r1 train --nproc N --no-track`` (the tiny pipeline, the same global batch
 and seed; ``rl.rollout_shards`` = the largest N, so every row samples the same episodes), each
 rank with one torch thread (``OMP_NUM_THREADS=1``). From ``metrics/train/grpo.json``:
-the median per-iteration wall time (``time/iteration_s``, rollout + annotate + update), its rollout
+the median per-iteration wall time (``time/iteration_s``, sample_episodes + build_train_batch + update_policy), its rollout
 part, and the speed-up over 1 rank. The first iteration is left out (it warms up allocators).
 
 Read it with the machine in mind: N ranks need N free cores. On a 2-core machine that other
