@@ -147,7 +147,7 @@ def test_hf_engine_sampling_logprobs_are_the_tempered_distribution(tok, make_mod
 
 
 def test_sample_draws_tokens_with_the_tempered_nucleus_probabilities():
-    from agent_r1.rollout.engine import sample
+    from agent_r1.rollout.sampling import sample
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]).repeat(40_000, 1)
     torch.manual_seed(0)
@@ -414,7 +414,7 @@ def test_tiny_chat_template_puts_the_system_text_and_each_tool_on_its_own_line(t
 def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_reorder_and_crop(make_model):
     from transformers import DynamicCache
 
-    from agent_r1.rollout.engine import _growing_cache, _GrowingLayer
+    from agent_r1.rollout.kv_cache import GrowingLayer as _GrowingLayer, growing_cache as _growing_cache
 
     model = make_model(std=0.3).eval()
     g = torch.Generator().manual_seed(0)
@@ -437,7 +437,7 @@ def test_growing_cache_gives_the_dynamic_caches_logits_across_growth_reorder_and
 
 
 def test_prefill_groups_cut_sorted_rows_where_padding_costs_more_than_a_forward_pass():
-    from agent_r1.rollout.engine import _prefill_groups
+    from agent_r1.rollout.prefill import prefill_groups as _prefill_groups
 
     groups = _prefill_groups([5, 300, 6, 310, 4, 7], overhead=64)
     assert sorted(sorted(g) for g in groups) == [[0, 2, 4, 5], [1, 3]]

@@ -21,11 +21,6 @@ from agent_r1.rollout.kv_store import Kept, KVStore
 from agent_r1.rollout.prefill import PrefillPlan, plan_prefill
 from agent_r1.rollout.sampling import SamplingParams, context_generators
 
-# (imported from here by other code and tests)
-from agent_r1.rollout.kv_cache import GrowingLayer as _GrowingLayer, growing_cache as _growing_cache  # noqa: F401, E402
-from agent_r1.rollout.prefill import prefill_groups as _prefill_groups  # noqa: F401, E402
-from agent_r1.rollout.sampling import sample  # noqa: F401, E402
-
 
 @dataclass
 class Generation:
