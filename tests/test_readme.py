@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -120,9 +121,10 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
     log = []
 
     def run(line: str) -> str:
+        start = time.monotonic()
         r = subprocess.run(["bash", "-c", line], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
         out = r.stdout + r.stderr
-        log.append(f"$ {line}\n{out}")
+        log.append(f"$ {line}  ({time.monotonic() - start:.1f} s)\n{out}")
         (tmp_path / "readme.log").write_text("\n".join(log))
         assert r.returncode == 0, f"README command failed ({r.returncode}): {line}\n{out[-5000:]}"
         return out

@@ -35,10 +35,12 @@ def init_distributed(backend: str | None = None) -> None:
     the loopback interface (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, unless set). Under
     torchrun the launcher's rendezvous and interfaces are used as they are.
 
-    On a CPU machine DeepSpeed builds a small C++ extension the first time it starts the
-    process group (about 30 s, needs g++ and ninja); later runs load it from the torch
-    extensions cache (``TORCH_EXTENSIONS_DIR``). We log before and after so the wait is never a
-    mystery.
+    On a CPU machine with several ranks, DeepSpeed builds its shared-memory all-reduce (a small
+    C++ extension: about 30 s, needs g++ and ninja) the first time it starts the process group;
+    later runs load it from the torch extensions cache (``TORCH_EXTENSIONS_DIR``), rebuilding
+    when the venv's path changes. A single process has no peer to share memory with, so it
+    skips that op (DeepSpeed falls back to torch.distributed). We log before and after so a
+    wait is never a mystery.
     """
     import deepspeed
     import torch
@@ -50,9 +52,13 @@ def init_distributed(backend: str | None = None) -> None:
     added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
     os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if "WORLD_SIZE" in added or os.environ["WORLD_SIZE"] == "1":
+        # DeepSpeed reads its op table on start: with no peer the shared-memory op is not built
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.cuda.is_available() and "LOCAL_RANK" not in added:  # "cuda" is this rank's GPU from here on
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    log.info("starting DeepSpeed (%s); the first run on a machine compiles a C++ op (~30 s)", backend)
+    log.info("starting DeepSpeed (%s)%s", backend, "" if os.environ["WORLD_SIZE"] == "1" or torch.cuda.is_available()
+             else "; the first run of N CPU ranks on a machine compiles a C++ op (~30 s)")
     t0 = time.perf_counter()
     try:
         if "MASTER_PORT" in added:
