@@ -43,7 +43,7 @@ compare: install
 
 # CI runs the vLLM tests against a real server: the test target builds its environment too.
 test: install vllm
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
 
 # docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
 docs: install
