@@ -188,22 +188,27 @@ def test_deepspeed_configs_train_two_ranks_under_torchrun():
     assert reports["zero_stage=3"]["zero_stage"] == 3 and not reports["zero_stage=3"]["bf16"]
 
 
-def test_a_single_process_learner_listens_on_loopback_only():
+def test_a_single_process_learner_listens_on_loopback_only(tmp_path):
     """learner.distributed starts a single process's rendezvous in memory and gloo on the
-    loopback interface: nothing it listens on is reachable from another machine."""
+    loopback interface: nothing it listens on is reachable from another machine. It builds no
+    C++ op either: DeepSpeed's shared-memory all-reduce has no peer in one process (an empty
+    extensions cache stays empty)."""
     pytest.importorskip("psutil")
     code = (
         "import json, psutil\n"
         "from agent_r1.learner.distributed import init_distributed\n"
         "init_distributed()\n"
-        "print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN']))"
+        "from deepspeed.comm import comm\n"
+        "print(json.dumps({'shm': comm.cdb.shm_comm_op is not None,\n"
+        "  'listening': [c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN']}))"
     )
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env = {k: v for k, v in os.environ.items() if k not in launcher} | {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    listening = json.loads(out.stdout.strip().splitlines()[-1])
-    assert listening and set(listening) <= {"127.0.0.1", "::1"}, listening
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["listening"] and set(got["listening"]) <= {"127.0.0.1", "::1"}, got
+    assert not got["shm"] and not list(tmp_path.iterdir())
 
 
 # ------------------------------------------------------------------------------ local.sh

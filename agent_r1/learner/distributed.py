@@ -52,7 +52,7 @@ def init_distributed(backend: str | None = None) -> None:
     added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
     os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if "WORLD_SIZE" in added or os.environ["WORLD_SIZE"] == "1":
+    if os.environ["WORLD_SIZE"] == "1":
         # DeepSpeed reads its op table on start: with no peer the shared-memory op is not built
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.cuda.is_available() and "LOCAL_RANK" not in added:  # "cuda" is this rank's GPU from here on
