@@ -280,6 +280,12 @@ def _prefect_server(tmp_path: Path, log: str, **settings: str):
         _wait_healthy(api, procs[0], timeout=180)
         yield env, logs, started
     finally:
+        from prefect.events.worker import EventsWorker
+
+        # events this process sent to this server (a flow run in-process) go while it is up; left
+        # queued, the module harness's teardown would drain them against a closed port (a likely
+        # cause of one 65 s teardown seen in a full run here, not reproduced alone)
+        EventsWorker.drain_all(timeout=30)
         for proc in reversed(procs):
             _stop(proc)
         for f in logs.values():
