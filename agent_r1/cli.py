@@ -178,6 +178,23 @@ def train(
         os._exit(0)
 
 
+@app.command("control")
+def control_cmd(
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+    seconds: float = typer.Option(None, help="how long to train (default: RL's recorded training time)"),
+):
+    """The SFT-only control alone: SFT trained further from the run's SFT checkpoint for
+    --seconds (checkpoints/sft_control); `agent-r1 evaluate sft_control=<it>` scores it."""
+    _quiet_libraries()
+    cfg = _config(pipeline, config_file, overrides)
+    from agent_r1.pipeline.control import control
+    from agent_r1.progress import Progress
+
+    console.print(f"wrote {control(cfg, seconds, Progress())}")
+
+
 def _launch(nproc: int, args: list[str]) -> None:
     """Run ``agent-r1 ARGS`` as ``nproc`` ranks under torchrun on this machine, and exit with its status."""
     import subprocess

@@ -19,6 +19,10 @@
 #   options: --seeds "0 1 2"  --out FOLDER (default outputs/gpu-learning)  -s key=value (more overrides)
 #            --control-seeds "0"  (the seeds that also run the SFT-only control; default: all)
 #            --deadline SECONDS   (stop seeds still running then; the report covers those that ended)
+#            --control-alongside SECONDS  (the control runs beside RL, not after it: a process per
+#              control seed waits for its seed's SFT checkpoint, trains SECONDS, then is evaluated
+#              into the same eval.json once RL's evaluation ended; the whole run then takes ~8
+#              minutes, not ~14. Give SECONDS at least RL's training time, which the runs print)
 #
 # A bare GPU box with torch and transformers needs, beyond them (the script checks and names what
 # is missing): deepspeed (a pure-Python wheel: DS_BUILD_OPS=0), bm25s, PyStemmer, gguf, and the
@@ -38,7 +42,7 @@ OUT=outputs/gpu-learning
 SMOKE=0
 EXTRA=()
 PACK="" WHEELS=""
-CONTROL_SEEDS="" DEADLINE=""
+CONTROL_SEEDS="" DEADLINE="" ALONGSIDE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --wheels) WHEELS="$2"; shift ;;
     --control-seeds) CONTROL_SEEDS="$2"; shift ;;
     --deadline) DEADLINE="$2"; shift ;;
+    --control-alongside) ALONGSIDE="$2"; shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
@@ -116,16 +121,29 @@ fi
 
 mkdir -p "$OUT"
 T0=$(date +%s)
-pids=()
+pids=() controls=()
 for seed in $SEEDS; do
   control=--control
   if [ -n "$CONTROL_SEEDS" ] && ! [[ " $CONTROL_SEEDS " == *" $seed "* ]]; then control=--no-control; fi
-  echo "seed $seed ($control): log $OUT/seed$seed.log"
-  "$PY" -m agent_r1.cli train -p gpu $control --no-track -s "seed=$seed" -s "output_dir=$OUT/seed$seed" \
-    "${EXTRA[@]}" > "$OUT/seed$seed.log" 2>&1 &
+  alongside=0
+  if [ -n "$ALONGSIDE" ] && [ "$control" = --control ]; then control=--no-control alongside=1; fi
+  echo "seed $seed ($control$([ $alongside = 1 ] && echo ", control alongside for $ALONGSIDE s")): log $OUT/seed$seed.log"
+  run=(-p gpu -s "seed=$seed" -s "output_dir=$OUT/seed$seed" "${EXTRA[@]}")
+  "$PY" -m agent_r1.cli train $control --no-track "${run[@]}" > "$OUT/seed$seed.log" 2>&1 &
   pids+=($!)
+  if [ $alongside = 1 ]; then
+    rl_pid=$!
+    ( until [ -e "$OUT/seed$seed/checkpoints/sft/agent_r1_stage.json" ]; do
+        kill -0 "$rl_pid" 2>/dev/null || exit 1; sleep 2; done
+      "$PY" -m agent_r1.cli control --seconds "$ALONGSIDE" "${run[@]}"
+      while kill -0 "$rl_pid" 2>/dev/null; do sleep 2; done
+      [ -e "$OUT/seed$seed/metrics/eval.json" ] || exit 1
+      "$PY" -m agent_r1.cli evaluate --no-track "sft_control=$OUT/seed$seed/checkpoints/sft_control" "${run[@]}"
+    ) > "$OUT/seed$seed-control.log" 2>&1 &
+    controls+=($!)
+  fi
 done
-trap 'kill "${pids[@]}" 2>/dev/null || true' INT TERM
+trap 'kill "${pids[@]}" "${controls[@]}" 2>/dev/null || true' INT TERM
 if [ -n "$DEADLINE" ]; then
   # past the deadline the seeds still running are stopped (their runs resume with the same command)
   ( sleep "$DEADLINE" >/dev/null 2>&1; for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null && echo "deadline: stopped pid $pid" >&2; done ) &
@@ -142,6 +160,7 @@ for seed in $SEEDS; do
   fi
   i=$((i + 1))
 done
+for pid in "${controls[@]}"; do wait "$pid" || echo "a control did not finish: see $OUT/seed*-control.log" >&2; done
 [ -z "$DEADLINE" ] || { pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null; } || true
 WALL=$(( $(date +%s) - T0 ))
 [ "${#runs[@]}" -gt 0 ] || exit 1
