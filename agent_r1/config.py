@@ -29,8 +29,8 @@ _WORLD = WorldConfig()  # the synthetic world's defaults: declared once, in Worl
 
 
 class DataConfig(_Strict):
-    source: Literal["synthetic", "hotpotqa", "jsonl"] = "synthetic"
-    """Where the questions come from: a generated synthetic world, HotpotQA files, or your own JSON-lines files (`data.path`)."""
+    source: Literal["synthetic", "hotpotqa", "jsonl", "code"] = "synthetic"
+    """Where the questions come from: a generated synthetic world, HotpotQA files, your own JSON-lines files (`data.path`), or generated computation problems for the `code` environment (agent_r1/data/code_tasks.py)."""
     path: str | None = None
     """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with train.jsonl and test.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written) and, when a tool reads one, corpus.jsonl. In a config file, relative to that file."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
@@ -47,12 +47,14 @@ class DataConfig(_Strict):
     heldout_fraction: float = Field(_WORLD.heldout_fraction, gt=0, lt=1)
     """Share of every kind of entity held out for the test split (questions about unseen entities)."""
     questions_per_type: int | None = Field(_WORLD.questions_per_type, ge=1)  # None: one question per eligible entity
-    """Cap on the questions of each question type per split; null: one per eligible entity."""
+    """Cap on the questions of each question type per split; null: one per eligible entity. code: the training problems of each kind (null: 200)."""
+    test_per_type: int = Field(40, ge=1)
+    """code: the test problems of each kind (drawn apart from the training ones)."""
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
 
     def world(self) -> WorldConfig:
-        return WorldConfig(**self.model_dump(exclude={"source", "path"}))
+        return WorldConfig(**self.model_dump(exclude={"source", "path", "test_per_type"}))
 
 
 class ModelConfig(_Strict):
@@ -265,9 +267,10 @@ class EvalConfig(_Strict):
     # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
     # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
     # the tools: for a hub model the instruct model itself, for the tiny model its random init).
-    baselines: list[Literal["naive_rag", "base_tool_call"]] = ["naive_rag", "base_tool_call"]
-    """Baselines evaluated next to the trained agents: naive_rag (one retrieval, then the answer) and
-    base_tool_call (the untrained model with the tools)."""
+    baselines: list[Literal["naive_rag", "base_tool_call", "no_tool"]] = ["naive_rag", "base_tool_call"]
+    """Baselines evaluated next to the trained agents: naive_rag (one retrieval, then the answer),
+    base_tool_call (the untrained model with the tools) and no_tool (the untrained model answering
+    directly, in one turn, with no tool)."""
 
 
 class RegisterConfig(_Strict):

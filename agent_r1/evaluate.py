@@ -62,7 +62,7 @@ def retrieval_recall(index, tasks: list[dict], ks: tuple[int, ...] = (1, 2, 5, 1
     return out
 
 
-METHOD_ORDER = ["naive_rag", "base_tool_call", "sft", "sft_control", "ppo", "grpo", "reinforce_pp",
+METHOD_ORDER = ["naive_rag", "no_tool", "base_tool_call", "sft", "sft_control", "ppo", "grpo", "reinforce_pp",
                 "reinforce_pp_baseline", "rloo"]
 
 

@@ -17,6 +17,7 @@ from agent_r1.config import ConfigError, RunConfig, explicit_qtypes
 from agent_r1.context import PolicySummarizer, make_context_manager
 from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
                            write_tasks)
+from agent_r1.data.code_tasks import CodeTaskConfig, write_code_tasks
 from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv, ToolEnv, env_tools, get_env, make_env_factory
 from agent_r1.evaluate import summarize_by_hops
@@ -48,6 +49,9 @@ def prepare_data(cfg: RunConfig) -> Path:
     if cfg.data.source == "synthetic":
         generate(cfg.data.world()).write(out)
         return out
+    if cfg.data.source == "code":
+        d = cfg.data
+        return write_code_tasks(CodeTaskConfig(seed=d.seed, n_train=d.questions_per_type or 200, n_test=d.test_per_type), out)
     if cfg.data.source == "jsonl":
         return _prepare_jsonl(Path(cfg.data.path), out, get_env(cfg.env.name))
     if not cfg.data.path:

@@ -3,14 +3,17 @@ registry that a config's ``env.name`` reads, and the typed episode metrics."""
 
 from agent_r1.envs.metrics import Metric, MetricError, aggregate
 from agent_r1.envs.parsers import PARSERS, HermesParser, ParsedTurn, ToolCall, ToolCallParser, get_parser
+from agent_r1.envs.code import CodeEnv
 from agent_r1.envs.qa import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.envs.registry import ENVS, env_tools, get_env, make_env_factory, register_env
-from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
+from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv, no_tool_env
 
+register_env("code")(CodeEnv)
 register_env("multihop_qa")(MultiHopQAEnv)
 register_env("naive_rag")(NaiveRAGEnv)
 
 __all__ = [
+    "CodeEnv",
     "ENVS",
     "PARSERS",
     "EnvStep",
@@ -29,5 +32,6 @@ __all__ = [
     "get_env",
     "get_parser",
     "make_env_factory",
+    "no_tool_env",
     "register_env",
 ]

@@ -6,12 +6,11 @@ import json
 
 from agent_r1.envs.metrics import Metric
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser
-from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
+from agent_r1.envs.tool_env import EnvStep, ToolEnv, answer_turn
 from agent_r1.rewards import (
     answer_score,
     compose_reward,
     exact_match,
-    extract_answer,
     f1_score,
     is_well_formed_answer,
     retrieval_reward,
@@ -149,10 +148,4 @@ class NaiveRAGEnv(MultiHopQAEnv):
 
     def step(self, action_text: str, context_tokens: int | None = None) -> EnvStep:
         """The one turn is the answer: its ``<answer>`` content, else its first non-blank line."""
-        if self.done:
-            raise RuntimeError("step() called on a finished episode; call reset() first")
-        self.metrics["turns"] += 1
-        answer = extract_answer(action_text)
-        if answer is None:
-            answer = next((line.strip() for line in action_text.splitlines() if line.strip()), None)
-        return self._finish([], 0.0, StepInfo(answer=answer), "answer", action_text)
+        return answer_turn(self, action_text)

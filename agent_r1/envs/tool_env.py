@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from agent_r1.envs.metrics import Metric, check_metrics
 from agent_r1.envs.parsers import ParsedTurn, ToolCall, ToolCallParser, get_parser
+from agent_r1.rewards import extract_answer
 from agent_r1.tools.base import Tool, ToolResult, _describe, _truncate, as_text, run_tool, validate_arguments
 
 
@@ -260,3 +261,38 @@ class ToolEnv:
         for the SFT cold start: the SFT stage plays them through `step`, so the real tools give
         the observations. None: this environment gives no demonstration for the task."""
         return None
+
+
+def answer_turn(env: ToolEnv, action_text: str) -> EnvStep:
+    """A one-turn episode's step: the turn is the answer, its ``<answer>`` content, else its first
+    non-blank line (for a base model never taught the tag)."""
+    if env.done:
+        raise RuntimeError("step() called on a finished episode; call reset() first")
+    env.metrics["turns"] += 1
+    answer = extract_answer(action_text)
+    if answer is None:
+        answer = next((line.strip() for line in action_text.splitlines() if line.strip()), None)
+    return env._finish([], 0.0, StepInfo(answer=answer), "answer", action_text)
+
+
+NO_TOOL_SYSTEM_PROMPT = "Give only the final answer as <answer>...</answer>."
+
+
+def no_tool_env(env_cls: type[ToolEnv]) -> type[ToolEnv]:
+    """The ``no_tool`` baseline's environment: ``env_cls``'s tasks, rewards and metrics, but no
+    tool and one turn, which is the answer (:func:`answer_turn`), under a system prompt that
+    asks for it."""
+
+    class NoTool(env_cls):
+        TOOLS_IN_PROMPT = False
+
+        @classmethod
+        def from_config(cls, tools: list[Tool], cfg: Any) -> ToolEnv:
+            settings = cls.common_settings(cfg) | {"max_turns": 1, "system_prompt": NO_TOOL_SYSTEM_PROMPT}
+            return cls([], **settings | {k: v for k, v in cfg.kwargs.items() if k not in settings})
+
+        def step(self, action_text: str, context_tokens: int | None = None) -> EnvStep:
+            return answer_turn(self, action_text)
+
+    NoTool.__name__ = NoTool.__qualname__ = f"NoTool{env_cls.__name__}"
+    return NoTool

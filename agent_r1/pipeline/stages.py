@@ -154,6 +154,8 @@ def default_methods(cfg: RunConfig) -> dict[str, str]:
         methods["base_tool_call"] = base_model_path(cfg)
     if "naive_rag" in cfg.eval.baselines:  # the paper's baseline: the base model, not our SFT
         methods["naive_rag"] = base_model_path(cfg)
+    if "no_tool" in cfg.eval.baselines:
+        methods["no_tool"] = base_model_path(cfg)
     methods["sft"] = str(checkpoint_dir(cfg, "sft"))
     return methods | {m: str(checkpoint_dir(cfg, m)) for m in rl_methods(cfg)}
 
@@ -164,10 +166,10 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
 
     ``checkpoints`` maps method name → a checkpoint folder, a hub id or a registry URI
     (``models:/<name>@<alias>``, resolved through ``tracker``); default :func:`default_methods`.
-    The method ``naive_rag`` is scored with the Naive RAG protocol, every other one as an agent
-    with the search tool. With ``merge`` the results are added to an existing eval.json.
+    The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
+    answer with no tool, every other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
     """
-    from agent_r1.envs import NaiveRAGEnv
+    from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
 
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
@@ -185,7 +187,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
                 raise ValueError(f"evaluating {src} needs MLflow tracking")
             src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
         model, tokenizer = load_model(src)
-        env_cls = NaiveRAGEnv if method == "naive_rag" else Agent.env_cls
+        env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
         agent = Agent(model, tokenizer, tools, cfg, env_cls)
         by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():

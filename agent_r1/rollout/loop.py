@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from agent_r1.context import ContextManager
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from agent_r1.envs import StepInfo, ToolEnv
 
 log = logging.getLogger(__name__)
+MAX_STEP_THREADS = 32  # environments stepped at once (each mostly waits on its tools)
 
 
 def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: list[dict], context: ContextManager,
@@ -58,10 +60,14 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
             on_turn(turn, len(active))
         contexts = [context.context_ids(ctxs[i]) for i in active]
         gens = engine.generate(contexts, params)
+        texts = [_decoded(context.tokenizer, gen) for gen in gens]
+        steps = _steps([envs[i] for i in active], texts, [len(c) + len(g.ids) for c, g in zip(contexts, gens)])
         still = []
-        for i, ctx_ids, gen in zip(active, contexts, gens):
+        for i, ctx_ids, gen, text, res in zip(active, contexts, gens, texts, steps):
             try:
-                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, context, params, max_context_tokens):
+                if isinstance(res, BaseException):
+                    raise res
+                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, text, res, context, params, max_context_tokens):
                     still.append(i)
             except MetricError:
                 raise
@@ -94,14 +100,34 @@ def _check_room(ctxs: dict, context: ContextManager, params: SamplingParams, max
                 "those episodes end on turn 1 (token_budget)", len(full), len(sizes), params.max_new_tokens, max_context_tokens)
 
 
-def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, context: ContextManager,
-             params: SamplingParams, max_context_tokens: int | None) -> bool:
-    """Apply one sampled turn to an episode; True while it goes on."""
-    tok = context.tokenizer
+def _decoded(tok, gen) -> str:
+    """A sampled turn as text, for its environment's parser (the trajectory keeps the ids)."""
     text = tok.decode(gen.ids, skip_special_tokens=False)
-    if gen.finished:
-        text = text[: text.rfind(tok.eos_token)]
-    res = env.step(text, context_tokens=len(ctx_ids) + len(gen.ids))
+    return text[: text.rfind(tok.eos_token)] if gen.finished else text
+
+
+def _steps(envs: list, texts: list[str], context_tokens: list[int]) -> list:
+    """Each environment's ``step`` on its turn: side by side in threads when every tool of every
+    environment is thread-safe (a sandboxed ``python`` call waits on its process, and many
+    episodes call at once; the tool bounds its own concurrency), else one after another. An
+    exception is returned in place of its episode's result, for the caller to contain."""
+
+    def one(k: int):
+        try:
+            return envs[k].step(texts[k], context_tokens=context_tokens[k])
+        except Exception as e:  # noqa: BLE001 - returned, contained by the caller
+            return e
+
+    threaded = len(envs) > 1 and all(t.thread_safe for env in envs for t in env.tools.values())
+    if not threaded:
+        return [one(k) for k in range(len(envs))]
+    with ThreadPoolExecutor(min(len(envs), MAX_STEP_THREADS), thread_name_prefix="env-step") as pool:
+        return list(pool.map(one, range(len(envs))))
+
+
+def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, res, context: ContextManager,
+             params: SamplingParams, max_context_tokens: int | None) -> bool:
+    """Record one sampled turn and its environment step ``res`` in an episode; True while it goes on."""
     info = res.info
     traj.steps.append(
         Step(

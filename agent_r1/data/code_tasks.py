@@ -1,0 +1,136 @@
+"""The ``code`` task: procedurally generated problems whose answers need exact computation.
+
+Each problem is a number a 135M model cannot produce in its head (products of 3- and 4-digit
+numbers, sums of primes, terms of sequences, counts over ranges), so an agent that answers
+right has run code: the ``python`` tool (agent_r1/tools/python.py). Every task row carries the
+reference program (``code``, a short one-liner that prints the answer: the SFT demonstration's
+tool call) and its output as the gold answer, computed here by the same expression in Python.
+
+Kinds (``qtype``), each drawn from its own parameter ranges:
+
+- ``arithmetic``: ``a * b - c * d + e`` with 3- and 4-digit numbers;
+- ``prime_sum``: the sum of the primes below ``n``;
+- ``fibonacci``: the ``n``-th Fibonacci number (F(1) = F(2) = 1);
+- ``divisible_count``: how many integers in 1..n are divisible by ``a`` or ``b``;
+- ``digit_sum``: the sum of the digits of ``a ** b``;
+- ``collatz``: the steps from ``n`` to 1 of the Collatz map.
+
+Splits are seeded and disjoint: the train and test problems come from one seeded stream of
+distinct parameter draws, the first ``n_test`` of each kind to the test split.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent_r1.data.synthetic import write_tasks
+
+CODE_FIELDS = ("question", "answers", "qtype", "code")
+
+
+def _primes_below(n: int) -> int:
+    return sum(p for p in range(2, n) if all(p % d for d in range(2, int(p ** 0.5) + 1)))
+
+
+def _fibonacci(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def _collatz(n: int) -> int:
+    steps = 0
+    while n != 1:
+        n, steps = (n // 2 if n % 2 == 0 else 3 * n + 1), steps + 1
+    return steps
+
+
+# kind -> (draw parameters, question, reference program, answer)
+_Kind = tuple[Callable[[random.Random], tuple], Callable[..., str], Callable[..., str], Callable[..., int]]
+KINDS: dict[str, _Kind] = {
+    "arithmetic": (
+        lambda r: (r.randint(100, 999), r.randint(1000, 9999), r.randint(100, 999), r.randint(100, 999), r.randint(1000, 99999)),
+        lambda a, b, c, d, e: f"What is {a} * {b} - {c} * {d} + {e}?",
+        lambda a, b, c, d, e: f"print({a} * {b} - {c} * {d} + {e})",
+        lambda a, b, c, d, e: a * b - c * d + e,
+    ),
+    "prime_sum": (
+        lambda r: (r.randint(100, 3000),),
+        lambda n: f"What is the sum of all prime numbers below {n}?",
+        lambda n: f"print(sum(p for p in range(2, {n}) if all(p % d for d in range(2, int(p ** 0.5) + 1))))",
+        _primes_below,
+    ),
+    "fibonacci": (
+        lambda r: (r.randint(20, 80),),
+        lambda n: f"What is F({n}), where F is the Fibonacci sequence with F(1) = F(2) = 1?",
+        lambda n: "a, b = 0, 1\nfor _ in range(%d):\n    a, b = b, a + b\nprint(a)" % n,
+        _fibonacci,
+    ),
+    "divisible_count": (
+        lambda r: (r.randint(1000, 99999), r.randint(3, 13), r.randint(14, 29)),
+        lambda n, a, b: f"How many integers from 1 to {n} are divisible by {a} or {b}?",
+        lambda n, a, b: f"print(sum(1 for i in range(1, {n} + 1) if i % {a} == 0 or i % {b} == 0))",
+        lambda n, a, b: sum(1 for i in range(1, n + 1) if i % a == 0 or i % b == 0),
+    ),
+    "digit_sum": (
+        lambda r: (r.randint(2, 9), r.randint(30, 200)),
+        lambda a, b: f"What is the sum of the digits of {a} to the power {b}?",
+        lambda a, b: f"print(sum(int(c) for c in str({a} ** {b})))",
+        lambda a, b: sum(int(c) for c in str(a ** b)),
+    ),
+    "collatz": (
+        lambda r: (r.randint(30, 9999),),
+        lambda n: f"How many steps does the Collatz sequence (n -> n/2 if n is even, else 3n+1) take from {n} to reach 1?",
+        lambda n: f"n, s = {n}, 0\nwhile n != 1:\n    n, s = (n // 2 if n % 2 == 0 else 3 * n + 1), s + 1\nprint(s)",
+        _collatz,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CodeTaskConfig:
+    """``n_train`` and ``n_test`` problems of each kind in ``kinds`` (default: all), from ``seed``."""
+
+    seed: int = 0
+    n_train: int = 200
+    n_test: int = 40
+    kinds: tuple[str, ...] = tuple(KINDS)
+
+
+def generate_code_tasks(cfg: CodeTaskConfig) -> dict[str, list[dict]]:
+    """``{"train": rows, "test": rows}``: each kind's first ``n_test`` distinct draws are test
+    problems, the next ``n_train`` train ones (no problem is in both)."""
+    unknown = sorted(set(cfg.kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"code task kinds {unknown} are unknown; known: {sorted(KINDS)}")
+    rng = random.Random(cfg.seed)
+    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    for kind in cfg.kinds:
+        draw, question, program, answer = KINDS[kind]
+        seen: set[tuple] = set()
+        total, tries = cfg.n_train + cfg.n_test, 0
+        while len(seen) < total:
+            tries += 1
+            if tries > 100 * total:
+                raise ValueError(f"code task kind {kind!r}: only {len(seen)} distinct problems for n_train + n_test = {total}")
+            params = draw(rng)
+            if params in seen:
+                continue
+            seen.add(params)
+            split = "test" if len(seen) <= cfg.n_test else "train"
+            splits[split].append({"id": f"{split}-{kind}-{len(splits[split]):05d}", "question": question(*params),
+                                  "answers": [str(answer(*params))], "qtype": kind, "code": program(*params)})
+    return splits
+
+
+def write_code_tasks(cfg: CodeTaskConfig, out: Path) -> Path:
+    """The generated splits as ``<out>/{train,test}.parquet`` (task tables, agent_r1.data)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpus.parquet").unlink(missing_ok=True)
+    for split, rows in generate_code_tasks(cfg).items():
+        write_tasks(rows, out / f"{split}.parquet", split, CODE_FIELDS, f"the generated code {split} split")
+    return out

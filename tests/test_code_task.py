@@ -1,0 +1,116 @@
+"""The `code` task: generated problems, the CodeEnv, the no_tool baseline, and environments
+stepped side by side when their tools are thread-safe."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent_r1.context import ContextManager
+from agent_r1.data.code_tasks import KINDS, CodeTaskConfig, generate_code_tasks
+from agent_r1.envs import CodeEnv, ToolEnv, no_tool_env
+from agent_r1.models import train_tokenizer
+from agent_r1.rollout import SamplingParams, ScriptedEngine, run_episodes
+from agent_r1.tools import Tool, ToolOutput, tool
+
+
+def test_splits_are_seeded_disjoint_and_cover_every_kind():
+    cfg = CodeTaskConfig(seed=3, n_train=30, n_test=6)
+    a, b = generate_code_tasks(cfg), generate_code_tasks(cfg)
+    assert a == b  # seeded
+    assert generate_code_tasks(CodeTaskConfig(seed=4, n_train=30, n_test=6)) != a
+    assert {r["qtype"] for r in a["test"]} == set(KINDS)
+    assert len(a["train"]) == 30 * len(KINDS) and len(a["test"]) == 6 * len(KINDS)
+    assert not {r["question"] for r in a["train"]} & {r["question"] for r in a["test"]}
+    assert len({r["id"] for r in a["train"] + a["test"]}) == 36 * len(KINDS)
+
+
+def test_each_reference_program_prints_its_gold_answer():
+    rows = generate_code_tasks(CodeTaskConfig(seed=1, n_train=1, n_test=2))["test"]
+    for row in rows:
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", row["code"]], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == row["answers"][0], row
+    assert max(len(r["answers"][0]) for r in rows if r["qtype"] == "arithmetic") >= 6  # not a head sum
+
+
+def test_too_many_problems_for_a_kind_is_one_clear_error():
+    with pytest.raises(ValueError, match="only .* distinct problems"):
+        generate_code_tasks(CodeTaskConfig(n_train=10_000, n_test=1, kinds=("fibonacci",)))
+    with pytest.raises(ValueError, match=r"kinds \['nope'\] are unknown"):
+        generate_code_tasks(CodeTaskConfig(kinds=("nope",)))
+
+
+@tool(thread_safe=True)
+def python(code: str) -> ToolOutput:
+    """Run a program (this test's stand-in: the real one is sandboxed).
+
+    Args:
+        code: The program.
+    """
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30)
+    return ToolOutput(out.stdout + out.stderr, {"exit_code": out.returncode})
+
+
+def _run(env_cls, turns: list, tasks: list[dict], tools=(python,)):
+    tok = train_tokenizer([t["question"] for t in tasks] + turns, vocab_size=400)
+    make_env = lambda: env_cls.from_config(list(tools), _EnvCfg())  # noqa: E731
+    return run_episodes(ScriptedEngine(tok, [[t] * len(tasks) if isinstance(t, str) else t for t in turns]),
+                        make_env, tasks, ContextManager(tok), SamplingParams(max_new_tokens=200))
+
+
+class _EnvCfg:
+    max_turns, max_context_tokens, format_penalty, system_prompt, kwargs = 3, None, 0.0, "default", {}
+
+
+def test_the_oracle_solves_the_task_and_a_wrong_number_scores_zero():
+    task = generate_code_tasks(CodeTaskConfig(seed=2, n_train=1, n_test=1, kinds=("prime_sum",)))["test"][0]
+    oracle = CodeEnv([python]).oracle_turns(task)
+    (good,) = _run(CodeEnv, oracle, [task])
+    assert good.steps[0].observation[0]["content"].strip() == task["answers"][0]
+    assert good.final_reward == 1.0 and good.metrics["em"] == 1.0 and good.metrics["code_runs"] == 1
+    (bad,) = _run(CodeEnv, ['<tool_call>{"name": "python", "arguments": {"code": "1/0"}}</tool_call>',
+                            "<answer>12</answer>"], [task])
+    assert bad.final_reward == 0.0 and bad.metrics["code_failures"] == 1 and bad.metrics["answered"] == 1.0
+    (none,) = _run(CodeEnv, ["I think it is 12."] * 3, [task])
+    assert none.final_reward == -1.0 and none.metrics["answered"] == 0.0
+
+
+def test_the_no_tool_baseline_answers_in_one_turn_without_tools():
+    task = generate_code_tasks(CodeTaskConfig(seed=2, n_train=1, n_test=1, kinds=("fibonacci",)))["test"][0]
+    env = no_tool_env(CodeEnv).from_config([python], _EnvCfg())
+    assert env.tools == {} and env.max_turns == 1 and "<answer>" in env.reset(task)[0]["content"]
+    (t,) = _run(no_tool_env(CodeEnv), [f"{task['answers'][0]}\nbecause"], [task])
+    assert t.answer == task["answers"][0] and t.metrics["em"] == 1.0 and len(t.steps) == 1  # first line
+    (t,) = _run(no_tool_env(CodeEnv), [f"<answer>{task['answers'][0]}</answer>"], [task])
+    assert t.final_reward == 1.0
+
+
+def _probe(thread_safe: bool, log) -> Tool:
+    def wait(seconds: float) -> str:
+        """Wait, and log when (from a thread or a forked worker alike).
+
+        Args:
+            seconds: How long.
+        """
+        begin = time.monotonic()
+        time.sleep(seconds)
+        with open(log, "a") as f:
+            f.write(f"{begin} {time.monotonic()}\n")
+        return "done"
+
+    return tool(wait, thread_safe=thread_safe)
+
+
+@pytest.mark.parametrize("thread_safe", [True, False])
+def test_episodes_call_thread_safe_tools_side_by_side(thread_safe, tmp_path):
+    log = tmp_path / "calls"
+    tasks = [{"id": str(i), "question": "wait"} for i in range(6)]
+    turns = ['<tool_call>{"name": "wait", "arguments": {"seconds": 0.2}}</tool_call>', "<answer>x</answer>"]
+    trajs = _run(ToolEnv, turns, tasks, tools=[_probe(thread_safe, log)])
+    assert all(t.steps[0].observation[0]["content"] == "done" and t.answer == "x" for t in trajs)
+    calls = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    overlaps = sum(b[0] < a[1] for a, b in zip(calls, calls[1:]))
+    # a thread-safe tool's calls overlap; a tool run in a forked worker (not declared thread-safe)
+    # runs one call at a time
+    assert len(calls) == 6 and (overlaps > 0 if thread_safe else overlaps == 0)
