@@ -16,7 +16,8 @@
 #   bench/gpu_learning.sh --smoke          # the same script on the CPU with the tiny model (CI, ~2 min)
 #   bench/gpu_learning.sh --pack DIR       # on a machine with PyPI: the wheels a bare GPU box lacks
 #   bench/gpu_learning.sh --wheels DIR     # on the GPU box: install them from DIR first, then run
-#   options: --seeds "0 1 2"  --out FOLDER (default outputs/gpu-learning)  -s key=value (more overrides)
+#   options: --pipeline NAME (default gpu; e.g. code: the sandboxed-Python task, which needs bwrap on the box)
+#            --seeds "0 1 2"  --out FOLDER (default outputs/gpu-learning)  -s key=value (more overrides)
 #            --control-seeds "0"  (the seeds that also run the SFT-only control; default: all)
 #            --deadline SECONDS   (stop seeds still running then; the report covers those that ended)
 #            --control-alongside SECONDS  (the control runs beside RL, not after it: a process per
@@ -38,6 +39,7 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 SEEDS="0 1 2"
+PIPELINE=gpu
 OUT=outputs/gpu-learning
 SMOKE=0
 EXTRA=()
@@ -47,6 +49,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
     --seeds) SEEDS="$2"; shift ;;
+    --pipeline) PIPELINE="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     -s|--set) EXTRA+=(-s "$2"); shift ;;
     --pack) PACK="$2"; shift ;;
@@ -54,7 +57,7 @@ while [ $# -gt 0 ]; do
     --control-seeds) CONTROL_SEEDS="$2"; shift ;;
     --deadline) DEADLINE="$2"; shift ;;
     --control-alongside) ALONGSIDE="$2"; shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
   shift
@@ -128,7 +131,7 @@ for seed in $SEEDS; do
   alongside=0
   if [ -n "$ALONGSIDE" ] && [ "$control" = --control ]; then control=--no-control alongside=1; fi
   echo "seed $seed ($control$([ $alongside = 1 ] && echo ", control alongside for $ALONGSIDE s")): log $OUT/seed$seed.log"
-  run=(-p gpu -s "seed=$seed" -s "output_dir=$OUT/seed$seed" "${EXTRA[@]}")
+  run=(-p "$PIPELINE" -s "seed=$seed" -s "output_dir=$OUT/seed$seed" "${EXTRA[@]}")
   "$PY" -m agent_r1.cli train $control --no-track "${run[@]}" > "$OUT/seed$seed.log" 2>&1 &
   pids+=($!)
   if [ $alongside = 1 ]; then
@@ -164,5 +167,5 @@ for pid in "${controls[@]}"; do wait "$pid" || echo "a control did not finish: s
 [ -z "$DEADLINE" ] || { pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null; } || true
 WALL=$(( $(date +%s) - T0 ))
 [ "${#runs[@]}" -gt 0 ] || exit 1
-"$PY" -m agent_r1.cli seeds "${runs[@]}" --wall-s "$WALL" --name gpu_rl_lift
+"$PY" -m agent_r1.cli seeds "${runs[@]}" --wall-s "$WALL" --name "$( [ "$PIPELINE" = gpu ] && echo gpu_rl_lift || echo "${PIPELINE}_gpu_rl_lift")"
 [ "${#runs[@]}" -eq "$(echo $SEEDS | wc -w)" ]
