@@ -667,8 +667,11 @@ def _resolve(pipelines: dict, name: str, path: Path, seen: tuple = ()) -> dict:
         base_path = packaged_pipelines() if file == PACKAGED else Path(_anchored(file, path.parent))
         base_pipelines = _read_pipelines(base_path)
     if base not in base_pipelines:
+        packaged = sorted(_read_pipelines(packaged_pipelines()))
+        hint = (f"; {base!r} is a packaged pipeline: write extends: {PACKAGED}:{base}" if base in packaged and where == base
+                else f"; packaged pipelines ({PACKAGED}:<name>): {packaged}")
         raise ConfigError(f"{path}: pipeline {name!r} extends {where!r}, which is not defined; "
-                          f"defined{'' if base_path == path else f' in {base_path}'}: {sorted(base_pipelines)}")
+                          f"defined{'' if base_path == path else f' in {base_path}'}: {sorted(base_pipelines)}{hint}")
     parent = _resolve(base_pipelines, base, base_path, seen + ((path, name),))
     return deep_merge({k: v for k, v in parent.items() if k not in ("name", "output_dir")}, raw)
 

@@ -81,6 +81,16 @@ def test_extends_names_a_pipeline_of_another_file_whose_paths_are_relative_to_it
         load_config("c", tmp_path / "child.yaml")
 
 
+def test_extends_with_a_packaged_pipelines_bare_name_says_the_form_it_needs(tmp_path):
+    (tmp_path / "p.yaml").write_text("pipelines:\n  mine:\n    extends: tiny\n")
+    with pytest.raises(ConfigError, match=r"extends 'tiny', which is not defined; .*'tiny' is a packaged pipeline: "
+                                          r"write extends: agent-r1:tiny$"):
+        load_config("mine", tmp_path / "p.yaml")
+    (tmp_path / "p.yaml").write_text("pipelines:\n  mine:\n    extends: nope\n")
+    with pytest.raises(ConfigError, match=r"packaged pipelines \(agent-r1:<name>\): \[.*'default'.*'tiny'\]$"):
+        load_config("mine", tmp_path / "p.yaml")
+
+
 def test_runtime_threads_sets_torchs_threads():
     from agent_r1.pipeline.stages import use_runtime
 
