@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, registered_name
+from agent_r1.data.code_tasks import KINDS as CODE_KINDS
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
 from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
 from agent_r1.dicts import deep_merge
@@ -409,7 +410,7 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
                        "(ppo = gae), optionally with _no_loss_mask or _no_adv_mask")
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
-    known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES}.get(cfg.data.source)
+    known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES, "code": tuple(CODE_KINDS)}.get(cfg.data.source)
     if known:  # jsonl: the data's own question types, checked when it is prepared
         for key, names in explicit_qtypes(cfg).items():
             unknown = sorted(set(names) - set(known))
@@ -442,7 +443,7 @@ def _hop_problems(cfg: RunConfig) -> list[str]:
     elif cfg.data.source == "hotpotqa":
         available, lists = [2], {"rl.hops": cfg.rl.hops, "eval.hops": cfg.eval.hops}
         bad = {key: sorted(hops) for key, hops in lists.items() if hops and 2 not in hops}
-    else:  # jsonl: the hop counts are the data's own
+    else:  # jsonl: the hop counts are the data's own; code: none (hop filters select every task)
         bad, available = {}, []
     out = [f"{key}: no {cfg.data.source} questions with {hops} hops; available: {available}"
            for key, hops in bad.items() if hops]

@@ -152,8 +152,8 @@ def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed:
 
 def _source(cfg: RunConfig, split: str) -> str:
     """Where a split's rows came from, as the user named it (for error messages)."""
-    if cfg.data.source == "synthetic":
-        return f"the synthetic {split} split"
+    if cfg.data.source in ("synthetic", "code"):
+        return f"the {cfg.data.source} {split} split"
     src = Path(cfg.data.path)
     if cfg.data.source == "hotpotqa":
         return str(src / {"train": "train.jsonl", "test": "dev.jsonl"}[split]) if src.is_dir() else str(src)
