@@ -24,6 +24,7 @@ def test_splits_are_seeded_disjoint_and_cover_every_kind():
     assert len(a["train"]) == 30 * len(KINDS) and len(a["test"]) == 6 * len(KINDS)
     assert not {r["question"] for r in a["train"]} & {r["question"] for r in a["test"]}
     assert len({r["id"] for r in a["train"] + a["test"]}) == 36 * len(KINDS)
+    assert len(generate_code_tasks(CodeTaskConfig(n_train=200, n_test=20))["train"]) == 200 * len(KINDS)  # `code`'s size
 
 
 def test_each_reference_program_prints_its_gold_answer():

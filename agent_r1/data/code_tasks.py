@@ -10,7 +10,7 @@ Kinds (``qtype``), each drawn from its own parameter ranges:
 
 - ``arithmetic``: ``a * b - c * d + e`` with 3- and 4-digit numbers;
 - ``prime_sum``: the sum of the primes below ``n``;
-- ``fibonacci``: the ``n``-th Fibonacci number (F(1) = F(2) = 1);
+- ``fibonacci``: the ``n``-th term of a Fibonacci-like sequence from two given terms;
 - ``divisible_count``: how many integers in 1..n are divisible by ``a`` or ``b``;
 - ``digit_sum``: the sum of the digits of ``a ** b``;
 - ``collatz``: the steps from ``n`` to 1 of the Collatz map.
@@ -21,6 +21,7 @@ distinct parameter draws, the first ``n_test`` of each kind to the test split.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +36,8 @@ def _primes_below(n: int) -> int:
     return sum(p for p in range(2, n) if all(p % d for d in range(2, int(p ** 0.5) + 1)))
 
 
-def _fibonacci(n: int) -> int:
-    a, b = 0, 1
-    for _ in range(n):
+def _fibonacci(a: int, b: int, n: int) -> int:
+    for _ in range(n - 1):
         a, b = b, a + b
     return a
 
@@ -65,16 +65,16 @@ KINDS: dict[str, _Kind] = {
         _primes_below,
     ),
     "fibonacci": (
-        lambda r: (r.randint(20, 80),),
-        lambda n: f"What is F({n}), where F is the Fibonacci sequence with F(1) = F(2) = 1?",
-        lambda n: "a, b = 0, 1\nfor _ in range(%d):\n    a, b = b, a + b\nprint(a)" % n,
+        lambda r: (r.randint(1, 9), r.randint(1, 9), r.randint(20, 60)),
+        lambda a, b, n: f"A sequence starts {a}, {b}, and each next term is the sum of the previous two. What is term {n}?",
+        lambda a, b, n: "a, b = %d, %d\nfor _ in range(%d):\n    a, b = b, a + b\nprint(a)" % (a, b, n - 1),
         _fibonacci,
     ),
     "divisible_count": (
         lambda r: (r.randint(1000, 99999), r.randint(3, 13), r.randint(14, 29)),
         lambda n, a, b: f"How many integers from 1 to {n} are divisible by {a} or {b}?",
         lambda n, a, b: f"print(sum(1 for i in range(1, {n} + 1) if i % {a} == 0 or i % {b} == 0))",
-        lambda n, a, b: sum(1 for i in range(1, n + 1) if i % a == 0 or i % b == 0),
+        lambda n, a, b: n // a + n // b - n // math.lcm(a, b),
     ),
     "digit_sum": (
         lambda r: (r.randint(2, 9), r.randint(30, 200)),
