@@ -1,6 +1,6 @@
 """examples/city_facts end to end, and a user's own environment and tool from a temp module,
 both run by `agent-r1 train` (the tiny model) to a finished eval.json holding the
-environment's own metrics."""
+environment's own metrics; and examples/mcp_tools, whose tool is an MCP server from PyPI."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from agent_r1.tools import run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "city_facts"
+MCP_EXAMPLE = ROOT / "examples" / "mcp_tools"
 AGENT_R1 = str(Path(sys.executable).with_name("agent-r1"))
 # a small tiny model and a short run: the plumbing, not the learning
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
@@ -163,3 +165,65 @@ def test_an_environment_and_a_tool_from_a_temp_module_train_end_to_end(tmp_path)
         assert m["shouts_total"] == pytest.approx(3 * m["shouts"])  # sum vs mean, as declared
     history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())
     assert "shouts" in history[0] and "shouts_total" in history[0]
+
+
+def _mcp_time_servers() -> set[int]:
+    """The live processes of mcp-server-time (the server, or the watchdog that runs it)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and "mcp-server-time" in (proc / "cmdline").read_text() and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.add(int(proc.name))
+        except OSError:  # it ended meanwhile
+            continue
+    return found
+
+
+def test_mcp_tools_oracle_agrees_with_the_server(tmp_path):
+    """The oracle's call of mcp-server-time's convert_time answers every test question right:
+    the data's answers are the server's, whatever the day."""
+    from agent_r1.config import load_config
+    from agent_r1.data import load_split
+    from agent_r1.envs import make_env_factory
+    from agent_r1.run import make_tools, prepare_data, tasks_for
+    from agent_r1.tools import close_servers
+
+    cfg = load_config("mcp_tools", MCP_EXAMPLE / "pipelines.yaml", {"output_dir": str(tmp_path)})
+    data_dir = prepare_data(cfg)
+    try:
+        env = make_env_factory(cfg.env, make_tools(cfg, data_dir))()
+        assert list(env.tools) == ["convert_time"]
+        for task in tasks_for(load_split(data_dir, "test"), [1]):
+            env.reset(task)
+            for text in env.oracle_turns(task):
+                res = env.step(text)
+            assert res.done and res.info.final_reward == 1.0 and res.info.metrics == {"em": 1.0, "converted": 1.0}, task
+    finally:
+        close_servers()
+
+
+@pytest.mark.slow
+def test_mcp_tools_example_trains_end_to_end_and_leaves_no_server(tmp_path):
+    """The example as its README runs it (tiny sizes, no MLflow): mcp-server-time runs while the
+    pipeline does, eval.json holds the environment's metrics, and no server is left after it."""
+    before, seen, done = _mcp_time_servers(), set(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            seen.update(_mcp_time_servers() - before)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = _train(MCP_EXAMPLE / "pipelines.yaml", "mcp_tools", tmp_path / "out", "--no-track")
+    finally:
+        done.set()
+        watcher.join()
+    assert seen, "no mcp-server-time process ran during the pipeline"
+    assert not seen & _mcp_time_servers(), "mcp-server-time processes left after the pipeline"
+    for method in ("base_tool_call", "sft", "grpo"):
+        m = results["test"][method]
+        assert m["n"] == 3 and {"em", "converted", "tool_calls", "tool_errors"} <= set(m), (method, sorted(m))
+    history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())
+    assert {"em", "converted"} <= set(history[0])

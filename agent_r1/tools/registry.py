@@ -101,5 +101,7 @@ def build_tools(specs: list[str | dict], data_dir: Path | None = None, env: Any 
         tools += made
     names = [t.name for t in tools]
     if len(set(names)) < len(names):
-        raise ValueError(f"two tools share a name: {names}")
+        shared = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"two tools share a name: {', '.join(shared)} (of {names}); rename one, or give an mcp "
+                         "entry a prefix for its tools' names, e.g. {name: mcp, ..., prefix: 'time_'}")
     return tools
