@@ -17,14 +17,16 @@ console = Console()
 
 
 def _expected_errors() -> tuple[type[Exception], ...]:
-    """What a user's input causes: a bad config, bad data or checkpoint, a missing file."""
+    """What a user's input or machine causes: a bad config, bad data or checkpoint, a missing file,
+    an MCP server that cannot start, a sandbox layer the machine lacks."""
     from agent_r1.checkpoints import CheckpointError
     from agent_r1.config import ConfigError
     from agent_r1.data import DataError
     from agent_r1.rollout.loop import ContextBudgetError
+    from agent_r1.tools import MCPConfigError, SandboxUnavailable
 
-    return (ConfigError, DataError, CheckpointError, ContextBudgetError, FileNotFoundError, IsADirectoryError,
-            NotADirectoryError)
+    return (ConfigError, DataError, CheckpointError, ContextBudgetError, MCPConfigError, SandboxUnavailable,
+            FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
 def _error(message: str) -> None:

@@ -143,3 +143,18 @@ def test_the_sandbox_bench_runs(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "ratio" in out.stdout and "calls/s" in out.stdout
+
+
+def test_a_tool_the_machine_cannot_start_is_one_line_from_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from agent_r1.cli import app
+
+    (tmp_path / "p.yaml").write_text(
+        "pipelines:\n  s:\n    extends: agent-r1:code-tiny\n    env: {tools: [{name: python, bwrap: /nonexistent/bwrap}]}\n"
+        "  m:\n    extends: agent-r1:code-tiny\n    env: {tools: [python, {name: mcp, command: no-such-server-xyz}]}\n")
+    for name, message in (("s", "python tool: the sandbox layer is missing: bubblewrap not found at '/nonexistent/bwrap'"),
+                          ("m", "mcp server `no-such-server-xyz`: command 'no-such-server-xyz' not found")):
+        r = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "p.yaml"), "-p", name, "--no-track",
+                                     "-s", f"output_dir={tmp_path / name}"])
+        assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output, r.output
