@@ -110,7 +110,10 @@ def _make_recipe(target: str) -> list[str]:
 def test_readme_commands_run_at_tiny_scale(tmp_path):
     tiny = deep_merge(repo_pipeline(), parse_overrides(TINY))
     repo = scratch_repo(tmp_path, tiny)
-    pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny)}  # no YAML alias: `dvc exp run -S` edits one
+    # `code` as the repository writes it, on the tiny model at code-tiny's sizes
+    code = deep_merge(repo_pipeline("code") | {"extends": "default"},
+                      {k: v for k, v in repo_pipeline("code-tiny").items() if k != "extends"})
+    pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny), "code": code}  # no YAML alias: `dvc exp run -S` edits one
     (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": pipelines}, sort_keys=False))
     shutil.copytree(ROOT / "flows", repo / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").symlink_to(BIN.parent)
