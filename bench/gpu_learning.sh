@@ -59,7 +59,7 @@ while [ $# -gt 0 ]; do
     --control-seeds) CONTROL_SEEDS="$2"; shift ;;
     --deadline) DEADLINE="$2"; shift ;;
     --control-alongside) ALONGSIDE="$2"; shift ;;
-    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "bench/gpu_learning.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
   esac
   shift
