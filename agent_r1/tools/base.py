@@ -19,7 +19,10 @@ whatever the tool does (even C code that never releases the GIL); the fork costs
 milliseconds, and what the tool changes in its worker's memory is lost with the worker. A tool
 declared ``thread_safe=True`` runs in a thread of this process instead: microseconds, and state
 it keeps between calls stays. Declare it for a fast tool that releases the GIL, because a thread
-cannot be stopped (one that hangs is abandoned and keeps running in the background).
+cannot be stopped (one that hangs is abandoned and keeps running in the background), and only
+for one that several threads may call at once: when every tool of the episodes is thread-safe,
+the rollout loop steps the episodes side by side (agent_r1/rollout/loop.py), so calls overlap
+(the sandboxed ``python`` tool and MCP tools rely on this and bound their own concurrency).
 """
 
 from __future__ import annotations
