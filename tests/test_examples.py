@@ -227,3 +227,18 @@ def test_mcp_tools_example_trains_end_to_end_and_leaves_no_server(tmp_path):
         assert m["n"] == 3 and {"em", "converted", "tool_calls", "tool_errors"} <= set(m), (method, sorted(m))
     history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())
     assert {"em", "converted"} <= set(history[0])
+
+
+@pytest.mark.slow
+def test_a_pipeline_in_a_process_that_lives_on_stops_its_mcp_servers_when_it_returns(tmp_path):
+    """run_pipeline in this process (as a flow worker runs it): the server it started is gone
+    when it returns, while this process lives on (atexit is not what stops it)."""
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.pipeline import Plan, run_pipeline
+    from agent_r1.tools.mcp import _OPEN
+
+    before = _mcp_time_servers()
+    cfg = load_config("mcp_tools", MCP_EXAMPLE / "pipelines.yaml",
+                      parse_overrides([f"output_dir={tmp_path}", *TINY, "rl.iterations=0"]))
+    run_pipeline(cfg, Plan(register=False))
+    assert not _mcp_time_servers() - before and not _OPEN

@@ -238,6 +238,17 @@ def use_runtime(cfg: RunConfig) -> None:
 
 def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Progress | None = None,
                  runner: Runner = DIRECT) -> dict:
+    """:func:`run_stages`, then (also when it raises) the stop of the MCP servers its tools
+    started: the servers belong to the run, also in a process that outlives it (a flow worker)."""
+    from agent_r1.tools import close_servers
+
+    try:
+        return run_stages(cfg, plan, tracker, progress, runner)
+    finally:
+        close_servers()
+
+
+def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, runner: Runner) -> dict:
     """The stage sequence, in this process, into one MLflow run (when ``tracker`` is given).
 
     Returns ``{"mlflow_run_id", "data_version", "eval", "register", "timings"}``; writes
