@@ -25,8 +25,8 @@ Lifecycle, one `MCPServerConnection` per server (entries with the same command o
   the call that noticed fails, and the connection reconnects at once (a new process for stdio)
   and lists the tools again; when it is lost a second time (or cannot reconnect) its tools
   fail with the reason for the rest of the run.
-- stop: `MCPServerConnection.close`, `close_servers` (every open connection) and, at the
-  trainer's exit, ``atexit``: the SDK closes a stdio server's stdin, then ends its process
+- stop: `MCPServerConnection.close`, `close_servers` (every open connection; a pipeline run
+  calls it when it ends) and, at the trainer's exit, ``atexit``: the SDK closes a stdio server's stdin, then ends its process
   group (SIGTERM, SIGKILL).
 - SIGKILL: a killed trainer runs no ``atexit``, and a server may not read its stdin (busy in a
   call) to see it close. The watchdog the SDK starts in place of the command (the leader of the
