@@ -87,6 +87,21 @@ def test_the_no_tool_baseline_answers_in_one_turn_without_tools():
     assert t.final_reward == 1.0
 
 
+def test_the_no_tool_baseline_works_for_an_env_built_around_its_tool(corpus, tasks):
+    """MultiHopQAEnv needs its search tool to be built; its no_tool variant is built that way
+    and then has none."""
+    from agent_r1.config import load_config
+    from agent_r1.envs import MultiHopQAEnv
+    from agent_r1.tools import SearchIndex, make_search_tool
+
+    env = no_tool_env(MultiHopQAEnv).from_config([make_search_tool(SearchIndex(corpus))], load_config("tiny").env)
+    assert env.tools == {} and env.max_turns == 1
+    task = tasks[0]
+    assert env.reset(task)[0]["content"] == "Give only the final answer as <answer>...</answer>."
+    step = env.step(f"<answer>{task['answers'][0]}</answer>")
+    assert step.done and step.info.metrics["em"] == 1.0
+
+
 def _probe(thread_safe: bool, log) -> Tool:
     def wait(seconds: float) -> str:
         """Wait, and log when (from a thread or a forked worker alike).

@@ -288,8 +288,9 @@ def no_tool_env(env_cls: type[ToolEnv]) -> type[ToolEnv]:
 
         @classmethod
         def from_config(cls, tools: list[Tool], cfg: Any) -> ToolEnv:
-            settings = cls.common_settings(cfg) | {"max_turns": 1, "system_prompt": NO_TOOL_SYSTEM_PROMPT}
-            return cls([], **settings | {k: v for k, v in cfg.kwargs.items() if k not in settings})
+            env = super().from_config(tools, cfg)  # built as the task's env is (it may need a tool to)
+            env.tools, env.max_turns, env.system_prompt = {}, 1, NO_TOOL_SYSTEM_PROMPT
+            return env
 
         def step(self, action_text: str, context_tokens: int | None = None) -> EnvStep:
             return answer_turn(self, action_text)
