@@ -123,6 +123,9 @@ class Sequence:
     sample_logprobs: list[float]  # rollout's log-probs on action tokens, 0 elsewhere
     group_id: int
     prompt_len: int
+    # the episode the sequence came from, >= 0 and unique in a batch (its step rows share it); None: an
+    # episode of its own
+    episode_id: int | None = None
 
 
 def _is_prefix_chain(traj: Trajectory) -> bool:
@@ -133,14 +136,15 @@ def _is_prefix_chain(traj: Trajectory) -> bool:
     return True
 
 
-def to_sequences(traj: Trajectory) -> list[Sequence]:
-    """Training sequences for one trajectory.
+def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequence]:
+    """Training sequences for one trajectory, each with ``episode_id``.
 
     When every step's context extends the previous step's context + action (full history), the
     whole trajectory is ONE sequence: the last context plus the last action, with every step's
     action tokens marked. Otherwise (sliding window, summaries) each step is its own sequence —
     exactly the context the policy saw plus its action — carrying its return-to-go (its own and
-    later step rewards plus the final reward) at its last action token.
+    later step rewards plus the final reward) at its last action token, undiscounted: the first
+    step's row carries the episode's total reward.
     """
     steps = [s for s in traj.steps if s.action_ids]
     if not steps:
@@ -158,7 +162,7 @@ def to_sequences(traj: Trajectory) -> list[Sequence]:
                 logps[start + j] = s.action_logprobs[j]
             rewards[start + len(s.action_ids) - 1] += s.reward
         rewards[n - 1] += traj.final_reward
-        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids))]
+        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id)]
 
     out = []
     to_go = traj.final_reward
@@ -179,6 +183,7 @@ def to_sequences(traj: Trajectory) -> list[Sequence]:
                 sample_logprobs=[0.0] * c + list(s.action_logprobs),
                 group_id=traj.group_id,
                 prompt_len=c,
+                episode_id=episode_id,
             )
         )
     return out
@@ -200,7 +205,10 @@ class TrainBatch:
     - ``step_ids`` [B, T] long: the model turn of each action token, -1 elsewhere;
     - ``token_rewards`` [B, T]: rewards at the token that earned them;
     - ``sample_logprobs`` [B, T]: the rollout engine's log-probs of the sampled tokens, 0 elsewhere;
-    - ``group_ids`` [B] long: the task group of each sequence.
+    - ``group_ids`` [B] long: the task group of each sequence;
+    - ``episode_ids`` [B] long: the episode each sequence came from (the step rows of an episode
+      that is not one prefix chain share it; group baselines count episodes, not rows); a
+      sequence without one (``Sequence.episode_id`` None) gets an id of its own, ``-1 - row``.
 
     From :func:`~agent_r1.pipeline.rl_driver.build_train_batch` (None until then, or when not needed):
 
@@ -220,6 +228,7 @@ class TrainBatch:
     token_rewards: torch.Tensor
     sample_logprobs: torch.Tensor
     group_ids: torch.Tensor
+    episode_ids: torch.Tensor
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
@@ -260,4 +269,6 @@ def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask:
                       loss_mask=action_mask if loss_mask else after_prompt,
                       adv_mask=action_mask if adv_mask else after_prompt, step_ids=step_ids,
                       token_rewards=token_rewards, sample_logprobs=sample_logprobs,
-                      group_ids=torch.tensor([s.group_id for s in seqs], dtype=torch.long))
+                      group_ids=torch.tensor([s.group_id for s in seqs], dtype=torch.long),
+                      episode_ids=torch.tensor([-1 - i if s.episode_id is None else s.episode_id
+                                                for i, s in enumerate(seqs)], dtype=torch.long))

@@ -148,3 +148,14 @@ def test_collate_pads_and_widens_masks_when_ablated():
     only_loss = collate(seqs, PAD, loss_mask=False, adv_mask=True)
     assert torch.equal(only_loss.loss_mask, after_prompt)
     assert torch.equal(only_loss.adv_mask, masked.action_mask)
+
+
+def test_episode_ids_round_trip_through_collate_and_select():
+    seqs = to_sequences(full_history(), episode_id=4) + to_sequences(sliding_window(), episode_id=9)
+    assert [s.episode_id for s in seqs] == [4, 9, 9, 9]
+    batch = collate(seqs, PAD)
+    assert batch.episode_ids.dtype == torch.long and batch.episode_ids.tolist() == [4, 9, 9, 9]
+    part = batch.select(torch.tensor([3, 0]))
+    assert part.episode_ids.tolist() == [9, 4] and part.group_ids.tolist() == [3, 7]
+    # a sequence without an episode is an episode of its own
+    assert collate(to_sequences(sliding_window()), PAD).episode_ids.tolist() == [-1, -2, -3]

@@ -8,6 +8,15 @@ action token of the trajectory and each step reward on the last action token of 
 penalty to the reference is not in these rewards: it is a term of the loss (``rl.learner.kl_coef``,
 :func:`agent_r1.algorithms.kl_penalty`).
 
+Group baselines (grpo, grpo_no_std, rloo, reinforce_pp_baseline) compare EPISODES, not rows. An
+episode that is not one prefix chain (a sliding window, summaries) is several rows, one per step,
+sharing an `episode_ids` entry; each step row carries its return-to-go (undiscounted) at its last
+action token. An episode's score is its total reward (final + step rewards): the reward sum of its
+row with the smallest step id — the whole trajectory for a prefix-chain row, the first step's
+return-to-go for step rows. Group size, mean, std and leave-one-out are taken over the episodes of
+a group, and each row gets its episode's advantage, so a group's baseline does not depend on how
+many steps its episodes were cut into (DESIGN.md contract 12).
+
 References: GAE — Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
 Advantage Estimation" (arXiv:1506.02438); GRPO — Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300);
 Dr. GRPO — Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"
@@ -35,6 +44,8 @@ class AdvantageInputs:
     group_ids: Tensor  # [B] long; same id = same task (group baselines)
     values: Tensor | None = None  # [B,T] critic values (gae, step_gae)
     step_ids: Tensor | None = None  # [B,T] long: turn index of each action token, -1 elsewhere
+    # [B] long: the episode of each row (its step rows share it); None: each row is an episode
+    episode_ids: Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6  # floor in the std / variance denominators
@@ -78,13 +89,34 @@ def _require(x: Tensor | None, field: str, estimator: str) -> Tensor:
     return x
 
 
-def _scores(inp: AdvantageInputs) -> Tensor:
-    """[B] total reward of each trajectory (final + step rewards) over its action tokens."""
-    return torch.where(inp.mask.bool(), inp.token_rewards, 0).sum(-1)
+def _scores(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """Each episode's score: `(scores [E], group ids [E], episode of each row [B] in 0..E-1)`.
+
+    A score is the episode's total reward (final + step rewards): the reward sum over the action
+    tokens of the episode's row with the smallest step id (ties: the first such row). For a
+    prefix-chain row (the whole episode) that is the sum of all its rewards; for step rows (an
+    episode that is not one prefix chain, `to_sequences`) it is the first step's return-to-go,
+    which holds the final reward and every step reward. Without `episode_ids` each row is an
+    episode; without `step_ids` an episode's first row in the batch is its first step.
+    """
+    row_scores = torch.where(inp.mask.bool(), inp.token_rewards, 0).sum(-1)
+    B = row_scores.shape[0]
+    rows = torch.arange(B, device=row_scores.device)
+    if inp.episode_ids is None:
+        return row_scores, inp.group_ids, rows
+    _, ep = torch.unique(inp.episode_ids, return_inverse=True)
+    key = rows  # sorts the rows of an episode: by first step id (none: last), then by row
+    if inp.step_ids is not None:
+        steps = inp.step_ids.long()
+        key = torch.where(steps >= 0, steps, int(steps.max()) + 1).amin(-1) * B + rows
+    first = key.new_full((int(ep.max()) + 1,), int(key.max()) + 1).scatter_reduce_(0, ep, key, "amin") % B
+    if not torch.equal(inp.group_ids[first][ep], inp.group_ids):
+        raise ValueError("AdvantageInputs: the rows of an episode have different group ids")
+    return row_scores[first], inp.group_ids[first], ep
 
 
 def _group_size_and_sum(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """For each row: the size of its group and the sum of `x` [B] over its group."""
+    """For each entry of `x` [N] (an episode's score): the size of its group and the sum of `x` over its group."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     n = x.new_zeros(int(inv.max()) + 1).index_add_(0, inv, torch.ones_like(x))
     total = x.new_zeros(n.shape).index_add_(0, inv, x)
@@ -140,13 +172,13 @@ def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tens
 
 def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
     m = inp.mask.bool()
-    scores = _scores(inp)
-    n, total = _group_size_and_sum(scores, inp.group_ids)
+    scores, groups, ep = _scores(inp)
+    n, total = _group_size_and_sum(scores, groups)
     centred = scores - total / n
     if scale:
-        _, sq = _group_size_and_sum(centred**2, inp.group_ids)
+        _, sq = _group_size_and_sum(centred**2, groups)
         centred = centred / ((sq / (n - 1).clamp(min=1)).sqrt() + inp.eps)
-    adv = torch.where(m, torch.where(n > 1, centred, 0)[:, None], 0)
+    adv = torch.where(m, torch.where(n > 1, centred, 0)[ep][:, None], 0)
     return adv, adv
 
 
@@ -154,8 +186,10 @@ def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
 def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024): `(score - group mean) / (group std + eps)` on every action token.
 
-    score = sum of the trajectory's rewards (step rewards included); std is Bessel-corrected
-    (unbiased, torch's default); a group of one gets 0. No critic, so returns = advantages.
+    score = the episode's total reward (step rewards included; `_scores`); mean and std are over
+    the episodes of the group, std Bessel-corrected (unbiased, torch's default); every row of an
+    episode gets its episode's advantage; a group of one episode gets 0. No critic, so returns =
+    advantages.
     """
     return _grpo(inp, scale=True)
 
@@ -170,13 +204,13 @@ def grpo_no_std(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
 def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): `score - mean of the other scores in the group` on every action token.
 
-    score as in `grpo`; a group of one gets 0; returns = advantages.
+    score and "other" are per episode, as in `grpo`; a group of one episode gets 0; returns = advantages.
     """
     m = inp.mask.bool()
-    scores = _scores(inp)
-    n, total = _group_size_and_sum(scores, inp.group_ids)
+    scores, groups, ep = _scores(inp)
+    n, total = _group_size_and_sum(scores, groups)
     loo = torch.where(n > 1, scores - (total - scores) / (n - 1).clamp(min=1), 0)
-    adv = torch.where(m, loo[:, None], 0)
+    adv = torch.where(m, loo[ep][:, None], 0)
     return adv, adv
 
 
@@ -193,12 +227,13 @@ def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, 
 
 @register_advantage("reinforce_pp_baseline", needs_groups=True)
 def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline (Hu 2025): the `reinforce_pp` return-to-go minus the group mean of the
-    trajectory scores (score as in `grpo`), then whitened as in `reinforce_pp`.
-    returns = the return-to-go.
+    """REINFORCE++-baseline (Hu 2025): each row's own `reinforce_pp` return-to-go minus the mean of
+    the episode scores of its group (score as in `grpo`, one per episode), then whitened as in
+    `reinforce_pp`. returns = the return-to-go.
     """
     m = inp.mask.bool()
     rtg = _masked_gae(inp.token_rewards, torch.zeros_like(inp.token_rewards), m, inp.gamma, 1.0)
-    n, total = _group_size_and_sum(_scores(inp), inp.group_ids)
-    adv = torch.where(m, rtg - (total / n)[:, None], 0)
+    scores, groups, ep = _scores(inp)
+    n, total = _group_size_and_sum(scores, groups)
+    adv = torch.where(m, rtg - (total / n)[ep][:, None], 0)
     return (masked_whiten(adv, m, inp.eps) if whiten else adv), rtg
