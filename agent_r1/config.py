@@ -17,6 +17,7 @@ from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, 
 from agent_r1.data.code_tasks import KINDS as CODE_KINDS
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
 from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
+from agent_r1.data.text_games import GamesConfig
 from agent_r1.dicts import deep_merge
 from agent_r1.learner.learner import LearnerConfig
 from agent_r1.models import TinyModelConfig
@@ -30,8 +31,8 @@ _WORLD = WorldConfig()  # the synthetic world's defaults: declared once, in Worl
 
 
 class DataConfig(_Strict):
-    source: Literal["synthetic", "hotpotqa", "jsonl", "code"] = "synthetic"
-    """Where the questions come from: a generated synthetic world, HotpotQA files, your own JSON-lines files (`data.path`), or generated computation problems for the `code` environment (agent_r1/data/code_tasks.py)."""
+    source: Literal["synthetic", "hotpotqa", "jsonl", "code", "textworld"] = "synthetic"
+    """Where the questions come from: a generated synthetic world, HotpotQA files, your own JSON-lines files (`data.path`), generated computation problems for the `code` environment (agent_r1/data/code_tasks.py), or TextWorld games made by tw-make for the `textworld` environment (`data.games`)."""
     path: str | None = None
     """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with train.jsonl and test.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written) and, when a tool reads one, corpus.jsonl. In a config file, relative to that file."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
@@ -53,9 +54,11 @@ class DataConfig(_Strict):
     """code: the test problems of each kind (drawn apart from the training ones)."""
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
+    games: GamesConfig = GamesConfig()
+    """textworld: the games tw-make generates (their seeds come from `data.seed`)."""
 
     def world(self) -> WorldConfig:
-        return WorldConfig(**self.model_dump(exclude={"source", "path", "test_per_type"}))
+        return WorldConfig(**self.model_dump(exclude={"source", "path", "test_per_type", "games"}))
 
 
 class ModelConfig(_Strict):
@@ -154,25 +157,26 @@ class SFTConfig(_Strict):
     """Optimizer steps between resumable states (under outputs/<pipeline>/state/)."""
 
 
-def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True) -> str:
+_SUFFIXES = (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask"), ("_outcome", "process_rewards"))
+
+
+def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True, process_rewards: bool = True) -> str:
     """The name an RL method's results are reported under: the estimator's report name (gae →
-    ``ppo``), with ``_no_loss_mask`` or ``_no_adv_mask`` for an ablated mask."""
+    ``ppo``), with ``_no_loss_mask`` or ``_no_adv_mask`` for an ablated mask, ``_outcome`` for
+    training on the final reward alone (``rl.process_rewards: false``)."""
     name = ADVANTAGES[algorithm].report_name if algorithm in ADVANTAGES else algorithm
-    if not loss_mask:
-        return f"{name}_no_loss_mask"
-    if not adv_mask:
-        return f"{name}_no_adv_mask"
-    return name
+    flags = {"loss_mask": loss_mask, "adv_mask": adv_mask, "process_rewards": process_rewards}
+    return name + "".join(suffix for suffix, key in _SUFFIXES if not flags[key])
 
 
 def parse_method(method: str) -> dict:
     """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``."""
-    masks = {"loss_mask": True, "adv_mask": True}
-    for suffix, key in (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask")):
+    flags = {"loss_mask": True, "adv_mask": True, "process_rewards": True}
+    for suffix, key in reversed(_SUFFIXES):
         if method.endswith(suffix):
-            method, masks[key] = method[: -len(suffix)], False
+            method, flags[key] = method[: -len(suffix)], False
     algorithm = {e.report_name: name for name, e in ADVANTAGES.items()}.get(method, method)
-    return {"algorithm": algorithm, **masks}
+    return {"algorithm": algorithm, **flags}
 
 
 class RLConfig(_Strict):
@@ -212,6 +216,9 @@ class RLConfig(_Strict):
     """Train only on the model's own tokens (false: the Agent-R1 ablation that also trains on observations)."""
     adv_mask: bool = True
     """Give advantages only to the model's own tokens (false: the ablation)."""
+    process_rewards: bool = True
+    """Train on the environment's step (process) rewards as well as the final reward; false: the final reward
+    alone (the step rewards are still logged). A method named `<method>_outcome` sets it false."""
     init_from: str | None = None
     """Where RL starts: null for this pipeline's SFT checkpoint, else a folder or a registry URI
     (models:/<name>@<alias>)."""
@@ -223,7 +230,7 @@ class RLConfig(_Strict):
     @property
     def method(self) -> str:
         """The name this RL method's results are reported under (see :func:`method_name`)."""
-        return method_name(self.algorithm, self.loss_mask, self.adv_mask)
+        return method_name(self.algorithm, self.loss_mask, self.adv_mask, self.process_rewards)
 
 
 class VLLMConfig(_Strict):
@@ -268,10 +275,12 @@ class EvalConfig(_Strict):
     # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
     # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
     # the tools: for a hub model the instruct model itself, for the tiny model its random init).
-    baselines: list[Literal["naive_rag", "base_tool_call", "no_tool"]] = ["naive_rag", "base_tool_call"]
+    baselines: list[Literal["naive_rag", "base_tool_call", "no_tool", "random", "oracle"]] = ["naive_rag", "base_tool_call"]
     """Baselines evaluated next to the trained agents: naive_rag (one retrieval, then the answer),
-    base_tool_call (the untrained model with the tools) and no_tool (the untrained model answering
-    directly, in one turn, with no tool)."""
+    base_tool_call (the untrained model with the tools), no_tool (the untrained model answering
+    directly, in one turn, with no tool), random (a uniformly random admissible turn each turn, for
+    environments that list them: textworld) and oracle (the environment's oracle turns, the SFT
+    demonstrations: textworld's walkthrough, the ceiling)."""
 
 
 class RegisterConfig(_Strict):
@@ -343,6 +352,11 @@ class RunConfig(_Strict):
             problems.append("data.path: must name a HotpotQA file or folder when data.source is 'hotpotqa'")
         if self.data.source == "jsonl" and not self.data.path:
             problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
+        if "textworld" in (self.data.source, self.env.name):
+            from agent_r1.envs.text_game import INSTALL_HINT, textworld_available
+
+            if not textworld_available():
+                problems.append(f"{'data.source' if self.data.source == 'textworld' else 'env.name'}: {INSTALL_HINT}")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
         if self.rollout.engine == "vllm" and self.rollout.vllm.max_model_len < self.env.max_context_tokens:
@@ -404,6 +418,12 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
         if not issubclass(get_env(cfg.env.name), MultiHopQAEnv):
             out.append(f"eval.baselines: naive_rag is a multi-hop QA baseline; env.name {cfg.env.name!r} is not a "
                        "MultiHopQAEnv (leave naive_rag out of eval.baselines)")
+    if not out and "random" in cfg.eval.baselines:
+        from agent_r1.envs import get_env
+
+        if not hasattr(get_env(cfg.env.name), "admissible_turns"):
+            out.append(f"eval.baselines: random picks among the turns an environment lists (admissible_turns); "
+                       f"env.name {cfg.env.name!r} lists none (leave random out of eval.baselines)")
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in ADVANTAGES:
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "

@@ -18,6 +18,7 @@ from agent_r1.context import PolicySummarizer, make_context_manager
 from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
                            write_tasks)
 from agent_r1.data.code_tasks import CodeTaskConfig, write_code_tasks
+from agent_r1.data.text_games import write_text_games
 from agent_r1.data.synthetic import generate, load_corpus, load_split
 from agent_r1.envs import MultiHopQAEnv, ToolEnv, env_tools, get_env, make_env_factory
 from agent_r1.evaluate import summarize_by_hops
@@ -52,6 +53,8 @@ def prepare_data(cfg: RunConfig) -> Path:
     if cfg.data.source == "code":
         d = cfg.data
         return write_code_tasks(CodeTaskConfig(seed=d.seed, n_train=d.questions_per_type or 200, n_test=d.test_per_type), out)
+    if cfg.data.source == "textworld":
+        return write_text_games(cfg.data.games, cfg.data.seed, out)
     if cfg.data.source == "jsonl":
         return _prepare_jsonl(Path(cfg.data.path), out, get_env(cfg.env.name))
     if not cfg.data.path:
@@ -152,7 +155,7 @@ def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed:
 
 def _source(cfg: RunConfig, split: str) -> str:
     """Where a split's rows came from, as the user named it (for error messages)."""
-    if cfg.data.source in ("synthetic", "code"):
+    if cfg.data.source in ("synthetic", "code", "textworld"):
         return f"the {cfg.data.source} {split} split"
     src = Path(cfg.data.path)
     if cfg.data.source == "hotpotqa":
@@ -199,7 +202,7 @@ class Agent:
     env_cls: type[ToolEnv] | None = None
 
     def make_env(self) -> ToolEnv:
-        return make_env_factory(self.cfg.env, self.tools, self.env_cls)()
+        return make_env_factory(self.cfg.env, self.tools, self.env_cls, self.cfg.out / "data")()
 
     def context(self):
         shown = self.cfg.env.tools_in_prompt and getattr(self.env_cls, "TOOLS_IN_PROMPT", True)
@@ -231,7 +234,7 @@ def initial_model(cfg: RunConfig, data_dir: Path, tools: list[Tool]) -> tuple[to
         texts += list(corpus["text"]) + list(corpus["title"])
     texts += list(train["question"]) if "question" in train.columns else [
         s for task in task_records(train) for s in _strings(task)]
-    env = make_env_factory(cfg.env, tools)()
+    env = make_env_factory(cfg.env, tools, data_dir=data_dir)()
     hops = sorted(train["hops"].unique()) if "hops" in train.columns else []
     for task in tasks_for(train, hops, limit=20, seed=cfg.seed):
         texts += [text + "".join(o["content"] for o in obs) for text, obs in oracle_episode(env, task)[1]]

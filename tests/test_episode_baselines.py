@@ -136,3 +136,17 @@ def test_the_driver_gives_each_trajectory_an_episode(name):
     assert b2.episode_ids.tolist() == [0, 0, 0, 0, 1, 2, 3, 4]
     for e in range(len(chain)):
         assert_close(per_step(b2, b2.advantages, e), per_step(b1, b1.advantages, e), rtol=0, atol=1e-6)
+
+
+def test_outcome_methods_train_on_the_final_reward_alone():
+    """`<method>_outcome` (rl.process_rewards false): the step rewards leave the batch, the final stays."""
+    from agent_r1.config import parse_method
+
+    learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+    chain, _ = two_forms()
+    with_steps = build_train_batch(learner, chain, RLConfig(algorithm="grpo"), PAD)
+    outcome = build_train_batch(learner, chain, RLConfig(**parse_method("grpo_outcome")), PAD)
+    finals = torch.tensor([t.final_reward for t in chain])
+    assert_close(outcome.token_rewards.sum(1), finals)
+    assert not torch.allclose(with_steps.token_rewards.sum(1), finals)
+    assert chain[0].steps[0].reward == 0.5  # the episodes themselves keep their step rewards

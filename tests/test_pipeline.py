@@ -128,13 +128,15 @@ def test_rl_trains_on_the_configured_question_types_only(tmp_path):
 
 
 # ------------------------------------------------------------------------------ comparison
-@pytest.mark.parametrize("algorithm, loss_mask, adv_mask, name", [
-    ("gae", True, True, "ppo"), ("grpo", False, True, "grpo_no_loss_mask"),
-    ("reinforce_pp_baseline", True, False, "reinforce_pp_baseline_no_adv_mask"), ("rloo", True, True, "rloo"),
+@pytest.mark.parametrize("algorithm, loss_mask, adv_mask, process_rewards, name", [
+    ("gae", True, True, True, "ppo"), ("grpo", False, True, True, "grpo_no_loss_mask"),
+    ("reinforce_pp_baseline", True, False, True, "reinforce_pp_baseline_no_adv_mask"), ("rloo", True, True, True, "rloo"),
+    ("grpo", True, True, False, "grpo_outcome"), ("step_gae", False, True, False, "ppo_step_no_loss_mask_outcome"),
 ])
-def test_method_names_round_trip(algorithm, loss_mask, adv_mask, name):
-    assert method_name(algorithm, loss_mask, adv_mask) == name
-    assert parse_method(name) == {"algorithm": algorithm, "loss_mask": loss_mask, "adv_mask": adv_mask}
+def test_method_names_round_trip(algorithm, loss_mask, adv_mask, process_rewards, name):
+    assert method_name(algorithm, loss_mask, adv_mask, process_rewards) == name
+    assert parse_method(name) == {"algorithm": algorithm, "loss_mask": loss_mask, "adv_mask": adv_mask,
+                                  "process_rewards": process_rewards}
 
 
 def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):

@@ -37,6 +37,7 @@ SKIP = {
     ".venv/bin/agent-r1 train --config examples/": "its own test runs the example (tests/test_examples.py)",
     ".venv/bin/agent-r1 train -p default": "GPU commands of 'Scaling out' (tests/test_distributed.py runs 2 CPU ranks)",
     ".venv/bin/python -m torch.distributed.run": "two GPU nodes (tests/test_distributed.py runs 2 nodes on 127.0.0.1)",
+    ".venv/bin/pip install": "this venv is installed with the extra (make install: the dev extra has it)",
 }
 
 
@@ -87,6 +88,12 @@ def test_readme_command_parses(line):
         parse_args(args)  # exits on a bad command or option
     elif program == ".venv/bin/python":
         assert args[0] == "-m" and importlib.util.find_spec(args[1]) is not None, line
+    elif program == ".venv/bin/pip":
+        import tomllib
+
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+        assert args[:2] == ["install", "-e"] and re.fullmatch(r"\.\[(\w+)\]", args[2]), line
+        assert args[2][2:-1] in extras, f"{line}: no extra {args[2][2:-1]!r} in pyproject.toml"
     elif program == ".venv/bin/prefect":
         assert (BIN / "prefect").exists()
     else:
@@ -113,7 +120,9 @@ def test_readme_commands_run_at_tiny_scale(tmp_path):
     # `code` as the repository writes it, on the tiny model at code-tiny's sizes
     code = deep_merge(repo_pipeline("code") | {"extends": "default"},
                       {k: v for k, v in repo_pipeline("code-tiny").items() if k != "extends"})
-    pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny), "code": code}  # no YAML alias: `dvc exp run -S` edits one
+    textworld = deep_merge(repo_pipeline("textworld") | {"extends": "default"},  # likewise at textworld-tiny's sizes
+                           {k: v for k, v in repo_pipeline("textworld-tiny").items() if k != "extends"})
+    pipelines = {"default": tiny, "tiny": copy.deepcopy(tiny), "code": code, "textworld": textworld}  # no YAML alias: `dvc exp run -S` edits one
     (repo / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": pipelines}, sort_keys=False))
     shutil.copytree(ROOT / "flows", repo / "flows", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".venv").symlink_to(BIN.parent)

@@ -6,11 +6,13 @@ from agent_r1.envs.parsers import PARSERS, HermesParser, ParsedTurn, ToolCall, T
 from agent_r1.envs.code import CodeEnv
 from agent_r1.envs.qa import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.envs.registry import ENVS, env_tools, get_env, make_env_factory, register_env
+from agent_r1.envs.text_game import TextWorldEnv
 from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv, no_tool_env
 
 register_env("code")(CodeEnv)
 register_env("multihop_qa")(MultiHopQAEnv)
 register_env("naive_rag")(NaiveRAGEnv)
+register_env("textworld")(TextWorldEnv)
 
 __all__ = [
     "CodeEnv",
@@ -26,6 +28,7 @@ __all__ = [
     "ParsedTurn",
     "ToolCall",
     "ToolCallParser",
+    "TextWorldEnv",
     "ToolEnv",
     "aggregate",
     "env_tools",

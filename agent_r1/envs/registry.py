@@ -45,11 +45,19 @@ def env_tools(env_cfg, data_dir: Path | None, env_cls: type[ToolEnv] | None = No
     return build_tools(cls.DEFAULT_TOOLS if env_cfg.tools is None else env_cfg.tools, data_dir, env_cfg)
 
 
-def make_env_factory(env_cfg, tools: list[Tool], env_cls: type[ToolEnv] | None = None) -> Callable[[], ToolEnv]:
+def make_env_factory(env_cfg, tools: list[Tool], env_cls: type[ToolEnv] | None = None,
+                     data_dir: Path | None = None) -> Callable[[], ToolEnv]:
     """A function making a fresh environment per episode: ``env_cls`` (default: ``env.name``)
-    built by its ``from_config`` with ``tools`` and the config's ``env`` section."""
+    built by its ``from_config`` with ``tools`` and the config's ``env`` section, its ``data_dir``
+    the prepared data's folder (where a task's files are, e.g. textworld's games)."""
     cls = env_cls or get_env(env_cfg.name)
-    return lambda: cls.from_config(tools, env_cfg)
+
+    def make() -> ToolEnv:
+        env = cls.from_config(tools, env_cfg)
+        env.data_dir = data_dir
+        return env
+
+    return make
 
 
 def config_problems(env_cfg) -> list[str]:

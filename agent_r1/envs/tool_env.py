@@ -89,6 +89,7 @@ class ToolEnv:
     TASK_FIELDS: ClassVar[tuple[str, ...]] = ()
     DEFAULT_TOOLS: ClassVar[list[str | dict]] = []  # the tools when the config's env.tools is null
     DEFAULT_SYSTEM_PROMPT: ClassVar[str | None] = None  # env.system_prompt: "default"
+    data_dir: Any = None  # the prepared data's folder (make_env_factory sets it): where a task's files are
 
     @classmethod
     def declared_metrics(cls) -> dict[str, Metric]:

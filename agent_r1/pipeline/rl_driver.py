@@ -20,7 +20,7 @@ import logging
 import shutil
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -94,14 +94,19 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     update and the reference's.
 
     Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
-    and are left out; if that leaves none, the environment is broken and this raises."""
+    and are left out; if that leaves none, the environment is broken and this raises. With
+    ``cfg.process_rewards`` off the step rewards are left out: the final reward alone is trained on."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
-    batch = collate([s for t in trajs for s in to_sequences(t)], pad_id, cfg.loss_mask, cfg.adv_mask)
+    if not cfg.process_rewards:  # the final reward alone (the episodes keep their step rewards, for the logs)
+        trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
+    # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
+    batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
-                             values=values, step_ids=batch.step_ids, gamma=cfg.gamma, lam=cfg.lam)
+                             values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids, gamma=cfg.gamma,
+                             lam=cfg.lam)
     batch.advantages, batch.returns = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
     batch.old_values = values
     # old log-probs only where the update will need them (rows that can carry a gradient), and

@@ -37,7 +37,9 @@ from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
                                      save_state, write_json)
+from agent_r1.evaluate import summarize_by_hops
 from agent_r1.progress import Progress
+from agent_r1.rollout import play_policy
 from agent_r1.run import (Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data,
                           selection_problems, tasks_for)
 from agent_r1.sft import sft as sft_loop
@@ -156,6 +158,7 @@ def default_methods(cfg: RunConfig) -> dict[str, str]:
         methods["naive_rag"] = base_model_path(cfg)
     if "no_tool" in cfg.eval.baselines:
         methods["no_tool"] = base_model_path(cfg)
+    methods |= {b: "" for b in POLICY_BASELINES if b in cfg.eval.baselines}  # no model
     methods["sft"] = str(checkpoint_dir(cfg, "sft"))
     return methods | {m: str(checkpoint_dir(cfg, m)) for m in rl_methods(cfg)}
 
@@ -167,10 +170,9 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     ``checkpoints`` maps method name → a checkpoint folder, a hub id or a registry URI
     (``models:/<name>@<alias>``, resolved through ``tracker``); default :func:`default_methods`.
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
-    answer with no tool, every other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
+    answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
+    other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
     """
-    from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
-
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
     tools = make_tools(cfg, data_dir)
@@ -180,16 +182,13 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
         raise ConfigError(f"eval.hops: no {cfg.eval.split} task with eval.hops={cfg.eval.hops} in {cfg.data.path or data_dir}")
     path = cfg.out / "metrics" / "eval.json"
     results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
+    model = None
     for method, src in checkpoints.items():
-        src = str(src)
-        if src.startswith(("models:/", "runs:/")):
-            if tracker is None:
-                raise ValueError(f"evaluating {src} needs MLflow tracking")
-            src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
-        model, tokenizer = load_model(src)
-        env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
-        agent = Agent(model, tokenizer, tools, cfg, env_cls)
-        by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
+        if method in POLICY_BASELINES:
+            trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
+            by_hops = summarize_by_hops(trajs, tasks)
+        else:
+            model, by_hops, trajs = _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
@@ -198,8 +197,43 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
     write_json(path, results)
     stage_log.artifact(path)
-    write_json(path.with_name("model.json"), model_card(cfg, model))
+    if model is not None:
+        write_json(path.with_name("model.json"), model_card(cfg, model))
     return results
+
+
+def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker):
+    """A checkpoint's (or registry URI's) model as ``method`` on ``tasks``: the model, the summary
+    by hop count and the episodes."""
+    from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
+
+    if src.startswith(("models:/", "runs:/")):
+        if tracker is None:
+            raise ValueError(f"evaluating {src} needs MLflow tracking")
+        src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
+    model, tokenizer = load_model(src)
+    env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
+    by_hops, trajs = evaluate_agent(Agent(model, tokenizer, tools, cfg, env_cls), tasks, progress, f"eval {method}")
+    return model, by_hops, trajs
+
+
+POLICY_BASELINES = ("random", "oracle")  # eval.baselines played without a model
+
+
+def policy_turns(method: str, seed: int):
+    """The turns of a baseline without a model: ``random`` a uniformly random turn of those the
+    environment lists (``admissible_turns``), ``oracle`` the environment's oracle turns."""
+    import random
+
+    rng = random.Random(seed)
+
+    def turn(env, task: dict, k: int) -> str:
+        if method == "random":
+            return rng.choice(env.admissible_turns() or [""])
+        oracle = env.oracle_turns(task) or []
+        return oracle[k] if k < len(oracle) else ""
+
+    return turn
 
 
 def model_card(cfg: RunConfig, model: torch.nn.Module) -> dict:

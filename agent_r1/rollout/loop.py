@@ -78,6 +78,31 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     return trajs
 
 
+def play_policy(make_env: Callable[[], ToolEnv], tasks: list[dict], turn: Callable[[ToolEnv, dict, int], str]) -> list[Trajectory]:
+    """One episode per task played by a policy that is not a model: ``turn(env, task, k)`` writes
+    the k-th turn as text (the ``random`` and ``oracle`` baselines). Episodes end and are contained
+    as in :func:`run_episodes`; their steps have no token ids, and no token budget applies."""
+    trajs = []
+    for i, task in enumerate(tasks):
+        traj, env = Trajectory(task_id=str(task.get("id", i)), group_id=i), make_env()
+        try:
+            env.reset(task)
+            while not env.done:
+                text = turn(env, task, len(traj.steps))
+                res = env.step(text)
+                traj.steps.append(Step(context_ids=[], action_ids=[], action_logprobs=[], action_text=text,
+                                       tool_calls=res.info.tool_calls, observation=res.observation, reward=float(res.reward),
+                                       format_error=res.info.format_error, tool_errors=res.info.tool_errors))
+                if res.done:
+                    _finish(traj, env, res.info)
+        except MetricError:
+            raise
+        except Exception as e:  # noqa: BLE001 - contain the episode, keep the others
+            _env_error(traj, env, e)
+        trajs.append(traj)
+    return trajs
+
+
 class ContextBudgetError(ValueError):
     """No episode's prompt leaves room for a turn within the context budget (a config problem)."""
 
