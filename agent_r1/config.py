@@ -239,8 +239,10 @@ class VLLMConfig(_Strict):
     pipeline starts one from .venv-vllm on a free port of 127.0.0.1 and stops it at the end."""
     python: str = ".venv-vllm/bin/python"
     """The Python of the environment the server is started from (`make vllm` creates it); relative to the repo root."""
-    max_model_len: int = Field(2048, ge=16)
-    """The server's context length (prompt + new tokens)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """The started server's context length (prompt + new tokens); null: env.max_context_tokens (no episode's
+    context grows past it) capped by the model's max_position_embeddings. A request's new tokens are capped
+    to what is left of it."""
     kv_cache_gb: float = Field(2.0, gt=0)
     """KV cache memory of a CPU server in GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU use extra_args (--gpu-memory-utilization)."""
     enforce_eager: bool = True
@@ -359,9 +361,7 @@ class RunConfig(_Strict):
                 problems.append(f"{'data.source' if self.data.source == 'textworld' else 'env.name'}: {INSTALL_HINT}")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
-        if self.rollout.engine == "vllm" and self.rollout.vllm.max_model_len < self.env.max_context_tokens:
-            problems.append(f"rollout.vllm.max_model_len: {self.rollout.vllm.max_model_len} is shorter than "
-                            f"env.max_context_tokens ({self.env.max_context_tokens})")
+        problems += _vllm_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -501,9 +501,26 @@ def _tiny_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _vllm_problems(cfg: RunConfig) -> list[str]:
+    """An explicit ``rollout.vllm.max_model_len`` holds a whole episode (and, for the tiny model,
+    fits its positions: vLLM refuses to start otherwise)."""
+    n, t = cfg.rollout.vllm.max_model_len, cfg.model.tiny
+    if cfg.rollout.engine != "vllm" or n is None:
+        return []
+    if n < cfg.env.max_context_tokens:
+        return [f"rollout.vllm.max_model_len: {n} is shorter than env.max_context_tokens ({cfg.env.max_context_tokens})"]
+    if cfg.model.name_or_path is None and n > t.max_position_embeddings:
+        return [f"rollout.vllm.max_model_len: {n} is longer than the tiny model's positions "
+                f"(model.tiny.max_position_embeddings: {t.max_position_embeddings}); null derives it"]
+    return []
+
+
 def _learner_problems(cfg: RunConfig) -> list[str]:
     lc = cfg.rl.learner
     out = _finite("rl.learner", lc)
+    if lc.temperature != cfg.rl.temperature:  # the log-probs of the update are those of the sampling distribution
+        out.append(f"rl.learner.temperature: {lc.temperature} differs from rl.temperature ({cfg.rl.temperature}); "
+                   "set both to the same value")
     for key, known in (("policy_loss", sorted(POLICY_LOSSES)), ("loss_agg", AGG_MODES), ("kl_kind", KL_KINDS)):
         if getattr(lc, key) not in known:
             out.append(f"rl.learner.{key}: unknown {getattr(lc, key)!r}; known: {', '.join(known)}")

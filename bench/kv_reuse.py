@@ -102,11 +102,12 @@ def episodes(engine, cm, prompts, docs, turns, params, seed) -> tuple[float, lis
 
 
 def pipeline_rollout(args):
-    """The RL stage's rollout (``rl_driver.rollout``) from a run's SFT agent: one runner per mode."""
+    """The RL stage's rollout (``rl_driver.sample_episodes``: ``group_size`` episodes of each of
+    ``tasks_per_iteration`` questions, through ``run_episodes``) from a run's SFT agent: one runner per mode."""
     from agent_r1.config import load_config
     from agent_r1.data.synthetic import load_split
     from agent_r1.models import load_model
-    from agent_r1.pipeline.rl_driver import rollout
+    from agent_r1.rollout import run_episodes
     from agent_r1.run import Agent, make_tools, tasks_for
 
     out = Path(args.run)
@@ -117,12 +118,15 @@ def pipeline_rollout(args):
     tasks = tasks_for(load_split(out / "data", "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
     cm = agent.context()
 
+    params = SamplingParams(cfg.rl.temperature, cfg.rl.top_p, cfg.env.max_new_tokens)
+
     def run(engine, seed):
         pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(seed))[: cfg.rl.tasks_per_iteration]
+        reps = [tasks[i] for i in pick for _ in range(cfg.rl.group_size)]
+        groups = [k for k in range(len(pick)) for _ in range(cfg.rl.group_size)]
         torch.manual_seed(seed)
         t0 = time.perf_counter()
-        trajs = rollout(engine, agent.make_env, [tasks[i] for i in pick], cm, cfg.rl, cfg.env.max_new_tokens,
-                        cfg.env.max_context_tokens)
+        trajs = run_episodes(engine, agent.make_env, reps, cm, params, groups, cfg.env.max_context_tokens)
         return time.perf_counter() - t0, trajs
 
     title = (f"{out / 'checkpoints' / 'sft'}: the {args.pipeline!r} pipeline's RL rollout, {cfg.rl.tasks_per_iteration} "

@@ -234,7 +234,7 @@ def main(argv=None) -> None:
     console.print(
         f"machine: {platform.machine()}, os.cpu_count()={os.cpu_count()}, torch {torch.__version__}, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
-        f"batch {args.batch} x {args.seq} = {tokens} tokens/step (loss on {int(batch['loss_mask'].sum())}), "
+        f"batch {args.batch} x {args.seq} = {tokens} tokens/step (loss on {int(batch.loss_mask.sum())}), "
         f"micro_batch_tokens={args.micro_batch_tokens}, ZeRO {args.zero_stage}; "
         f"{args.repeats} repeats x {args.steps} steps after {args.warmup} warm-up"
     )

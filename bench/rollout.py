@@ -13,7 +13,8 @@ the other, on (1) the default pipeline's RL rollout: its environment, tools, pro
 8 questions x group 8 = 64 episodes of up to 3 turns, and (2) a long-context workload: 16
 histories of 1,000-1,200 tokens, 3 turns each, every turn appending its ids and a ~100-token
 observation. It reports new tokens/s, prefill reuse and wall time per engine and workload; the
-last line is ``ratio_vllm_over_hf_tokens_per_s: X.XX`` for the pipeline workload.
+last line is ``ratio_vllm_over_hf_tokens_per_s: X.XX`` for the pipeline workload. ``--smoke`` runs
+the same on the tiny pipeline's untrained model at the smallest sizes (a test that it runs).
 
 Otherwise it builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
 tokenizer trained on the synthetic QA world's text, and N contexts of 100-200 tokens (varied
@@ -121,6 +122,9 @@ def parse_args(argv=None):
     p.add_argument("--engines", nargs="+", choices=["hf", "vllm"],
                    help="compare these rollout engines on SmolLM2 (the pipeline and long-context workloads) instead")
     p.add_argument("--long-n", type=int, default=16, help="with --engines: histories of the long-context workload")
+    p.add_argument("--smoke", action="store_true",
+                   help="with --engines: the tiny pipeline's untrained model, 2 questions x group 2, histories of 200-300 "
+                        "tokens (a test that the script runs, in seconds; not a measurement)")
     g = p.add_argument_group("model (defaults: TinyModelConfig)")
     g.add_argument("--vocab", type=int, default=d.vocab_size)
     g.add_argument("--hidden", type=int, default=d.hidden_size)
@@ -171,44 +175,62 @@ def serial_generate(model, contexts, params: SamplingParams, eos_id: int, pad_id
     return tokens
 
 
+def _engines_setup(args, out):
+    """(config, model folder, model, tokenizer) of the engine comparison: the default pipeline's
+    SmolLM2 (fp32), or with ``--smoke`` the tiny pipeline's untrained model at the smallest sizes."""
+    from agent_r1.config import load_config
+    from agent_r1.learner import save_hf_checkpoint
+    from agent_r1.models import load_model, resolve_model
+    from agent_r1.run import initial_model, make_tools, prepare_data
+
+    overrides = {"output_dir": str(out), "env": {"max_turns": 3}, "model": {"precision": "fp32"}}
+    if args.smoke:  # a test of the script: the tiny model (head size 32, as vLLM's CPU attention needs), 2 x 2 episodes
+        overrides |= {"rl": {"tasks_per_iteration": 2, "group_size": 2}}
+        cfg = load_config("tiny", overrides=overrides)
+        prepare_data(cfg)
+        model, tok = initial_model(cfg, out / "data", make_tools(cfg, out / "data"))
+        path = save_hf_checkpoint(model, out / "model", tok)
+    else:  # the long-context workload's histories (up to ~1,600 tokens) need more than the pipeline's budget
+        overrides["rollout"] = {"vllm": {"max_model_len": 2048}}
+        cfg = load_config("default", overrides=overrides)
+        prepare_data(cfg)
+        path = resolve_model(cfg.model.name_or_path)
+        model, tok = load_model(path)
+    return cfg, path, model.eval(), tok
+
+
 def compare_engines(args) -> None:
     """The rollout engines side by side on SmolLM2 (see the module docstring)."""
     import shutil
     import tempfile
     from pathlib import Path
 
-    from agent_r1.config import load_config
     from agent_r1.data.synthetic import load_split
-    from agent_r1.models import load_model, resolve_model
-    from agent_r1.pipeline.rl_driver import make_engine, rollout
-    from agent_r1.run import Agent, make_tools, prepare_data, tasks_for
+    from agent_r1.rollout import run_episodes
+    from agent_r1.run import Agent, make_tools, tasks_for
 
     out = Path(tempfile.mkdtemp(prefix="bench-rollout-engines."))
     try:
-        cfg = load_config("default", overrides={"output_dir": str(out), "env": {"max_turns": 3},
-                                                "model": {"precision": "fp32"}})
-        prepare_data(cfg)
-        path = resolve_model(cfg.model.name_or_path)
-        model, tok = load_model(path)
-        model.eval()
+        cfg, path, model, tok = _engines_setup(args, out)
         agent = Agent(model, tok, make_tools(cfg, out / "data"), cfg)
         tasks = tasks_for(load_split(out / "data", "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
         pick = torch.randperm(len(tasks), generator=torch.Generator().manual_seed(args.seed))[: cfg.rl.tasks_per_iteration]
-        tasks = [tasks[i] for i in pick]
+        reps = [tasks[i] for i in pick for _ in range(cfg.rl.group_size)]  # the RL stage's groups
+        groups = [k for k in range(len(pick)) for _ in range(cfg.rl.group_size)]
         world = generate(WorldConfig(seed=args.seed))
         texts = list(world.corpus["text"])
-        long_ctx = make_contexts(tok, texts, args.long_n, 1000, 1200, args.seed)
+        lo, hi = (200, 300) if args.smoke else (1000, 1200)
+        long_ctx = make_contexts(tok, texts, args.long_n, lo, hi, args.seed)
         observations = make_contexts(tok, texts, 3 * args.long_n, 90, 110, args.seed + 1)
         params = SamplingParams(cfg.rl.temperature, cfg.rl.top_p, cfg.env.max_new_tokens)
-        print(f"model: {path} (fp32); pipeline workload: {len(tasks)} questions x group {cfg.rl.group_size}, "
+        print(f"model: {path} (fp32); pipeline workload: {len(pick)} questions x group {cfg.rl.group_size}, "
               f"<= {cfg.env.max_turns} turns, max_new_tokens {cfg.env.max_new_tokens}; long-context workload: "
-              f"{args.long_n} histories of 1000-1200 tokens x 3 turns; torch threads {torch.get_num_threads()}",
+              f"{args.long_n} histories of {lo}-{hi} tokens x 3 turns; torch threads {torch.get_num_threads()}",
               flush=True)
 
         def pipeline(engine):
             torch.manual_seed(args.seed)
-            trajs = rollout(engine, agent.make_env, tasks, agent.context(), cfg.rl, cfg.env.max_new_tokens,
-                            cfg.env.max_context_tokens)
+            trajs = run_episodes(engine, agent.make_env, reps, agent.context(), params, groups, cfg.env.max_context_tokens)
             return sum(len(s.action_ids) for t in trajs for s in t.steps)
 
         def long_context(engine):
@@ -221,31 +243,41 @@ def compare_engines(args) -> None:
                 ctxs = [c + g.ids + observations[turn * len(ctxs) + i] for i, (c, g) in enumerate(zip(ctxs, gens))]
             return new
 
-        rows = {}
-        for name in args.engines:
-            ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
-            t0 = time.perf_counter()
-            engine = make_engine(ecfg, model, tok, path)
-            startup = time.perf_counter() - t0
-            try:
-                engine.generate(long_ctx[:2], SamplingParams(1.0, 1.0, 4))  # warm-up
-                for label, fn in (("pipeline", pipeline), ("long-context", long_context)):
-                    t0 = time.perf_counter()
-                    n = fn(engine)
-                    wall = time.perf_counter() - t0
-                    rows[(name, label)] = (n / wall, engine.stats().get("prefill_reused_share", 0.0), wall, n, startup)
-                    print(f"{name:5s} {label:13s} new tokens/s {n / wall:8.1f}  prefill reuse "
-                          f"{rows[(name, label)][1]:.2f}  wall {wall:7.1f} s  new tokens {n}  (engine start {startup:.1f} s)",
-                          flush=True)
-            finally:
-                engine.close()
+        rows = {name: _engine_rows(name, cfg, model, tok, path, long_ctx, (("pipeline", pipeline),
+                                                                            ("long-context", long_context)))
+                for name in args.engines}
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if {"hf", "vllm"} <= set(args.engines):
         for label in ("long-context", "pipeline"):  # the pipeline's ratio last
-            ratio = rows[("vllm", label)][0] / rows[("hf", label)][0]
+            ratio = rows["vllm"][label][0] / rows["hf"][label][0]
             key = "ratio_vllm_over_hf_tokens_per_s" + ("" if label == "pipeline" else "_long_context")
             print(f"{key}: {ratio:.2f}")
+
+
+def _engine_rows(name, cfg, model, tok, path, long_ctx, workloads) -> dict:
+    """One engine (as the pipeline builds it) through every workload: label -> (new tokens/s,
+    prefill reuse, wall s, new tokens, engine start s)."""
+    from agent_r1.pipeline.rl_driver import make_engine
+
+    ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
+    t0 = time.perf_counter()
+    engine = make_engine(ecfg, model, tok, path)
+    startup = time.perf_counter() - t0
+    rows = {}
+    try:
+        engine.generate(long_ctx[:2], SamplingParams(1.0, 1.0, 4))  # warm-up
+        for label, fn in workloads:
+            t0 = time.perf_counter()
+            n = fn(engine)
+            wall = time.perf_counter() - t0
+            rows[label] = (n / wall, engine.stats().get("prefill_reused_share", 0.0), wall, n, startup)
+            print(f"{name:5s} {label:13s} new tokens/s {n / wall:8.1f}  prefill reuse "
+                  f"{rows[label][1]:.2f}  wall {wall:7.1f} s  new tokens {n}  (engine start {startup:.1f} s)",
+                  flush=True)
+    finally:
+        engine.close()
+    return rows
 
 
 def main(argv=None) -> None:

@@ -116,3 +116,22 @@ def test_the_synthetic_world_has_one_set_of_defaults():
     from agent_r1.data.synthetic import WorldConfig
 
     assert DataConfig().world() == WorldConfig()
+
+
+def test_the_learners_temperature_is_the_sampling_temperature():
+    """rl.learner.temperature divides the logits of the update's log-probs: with another
+    rl.temperature they are not those of the distribution the episodes were sampled from."""
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", "pipelines.yaml", parse_overrides(["rl.temperature=0.7"]))
+    assert "\n" not in str(err.value)
+    assert "rl.learner.temperature: 1.0 differs from rl.temperature (0.7); set both to the same value" in str(err.value)
+    cfg = load_config("tiny", "pipelines.yaml", parse_overrides(["rl.temperature=0.7", "rl.learner.temperature=0.7"]))
+    assert cfg.rl.learner.temperature == cfg.rl.temperature == 0.7
+
+
+def test_every_pipeline_of_the_file_loads():
+    """Each named pipeline passes every check (e.g. code sets both temperatures to 0.7)."""
+    import yaml
+
+    for name in yaml.safe_load(open("pipelines.yaml"))["pipelines"]:
+        load_config(name, "pipelines.yaml")

@@ -130,3 +130,9 @@ def test_one_implementation_of_the_rl_iteration():
                     callers.append(f"{path.relative_to(PACKAGE.parent)}:{node.name}")
     assert sorted(defined) == sorted(f"agent_r1/pipeline/rl_driver.py:{p}" for p in phases)
     assert callers == ["agent_r1/pipeline/rl_driver.py:step"]
+
+def test_one_free_port_function():
+    """The free-port helper is defined once (agent_r1/ports.py), not copied per module."""
+    defs = [f"{_module_name(p)}.{node.name}" for p in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") == "free_port"]
+    assert defs == ["agent_r1.ports.free_port"], defs

@@ -2,7 +2,8 @@
 
 One server serves the whole module (a tiny model, started once by a stand-in trainer process
 that the last test SIGKILLs: the server must die with it); the pipeline test runs ``agent-r1
-train`` with its own server, kills that server mid-run, and the run restarts it once. Outside CI the module is skipped when ``.venv-vllm`` is
+train`` with its own server, kills that server mid-run, and the run restarts it once; the README
+test runs the README's vLLM command word for word, with the config's defaults. Outside CI the module is skipped when ``.venv-vllm`` is
 missing; under ``CI=true`` that is a failure.
 """
 
@@ -123,6 +124,17 @@ def test_max_new_tokens_and_eos_end_a_turn(served, tok):
     assert all(len(g.ids) <= 3 for g in gens)
     assert all(not g.finished for g in gens if len(g.ids) == 3 and g.ids[-1] != tok.eos_token_id)
     assert all(g.finished for g in gens if len(g.ids) < 3)  # ended early: only by eos
+
+
+def test_a_turn_near_the_end_of_the_servers_context_is_cut_to_fit(served, tok):
+    """vLLM refuses prompt + max_tokens > max_model_len (here 512): the engine reads the server's
+    length (GET /v1/models) and asks for no more new tokens than it leaves."""
+    engine, _, _ = served
+    assert engine.max_model_len == 512
+    ctx = (_contexts(tok)[0] * 100)[:508]
+    torch.manual_seed(2)
+    (gen,) = engine.generate([ctx], SamplingParams(temperature=1.0, max_new_tokens=12))
+    assert 1 <= len(gen.ids) <= 4
 
 
 def test_greedy_agrees_with_hf_engine(served, tok):
@@ -260,6 +272,51 @@ def test_train_with_vllm_restarts_a_dead_server_and_leaves_none(tmp_path):
     assert "restarting it" in text, text[-3000:]
     assert (out / "metrics" / "eval.json").exists()
     assert not _group(first) and _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
+    history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
+    assert len(history) == 2 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
+
+
+README_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm"
+
+
+def readme_vllm_commands() -> list[str]:
+    """The `agent-r1` commands of README.md (in its text or its ```bash blocks) that use vLLM."""
+    import re
+
+    return re.findall(r"(\.venv/bin/agent-r1 [^`\n#]*rollout\.engine=vllm[^`\n#]*)", (ROOT / "README.md").read_text())
+
+
+@pytest.mark.timeout(1800)
+def test_the_readme_vllm_command_runs_as_written(tmp_path):
+    """The README's `.venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm`, word for word, with
+    the config's defaults (model.precision auto, rollout.vllm.max_model_len derived, tracked in
+    MLflow), in a scratch folder whose `tiny` pipeline has test sizes (head size 32, as vLLM's CPU
+    attention needs) and no vLLM or precision key: it runs to eval.json and leaves no server."""
+    import yaml
+
+    from agent_r1.config import parse_overrides
+    from agent_r1.dicts import deep_merge
+    from tests.test_dvc import repo_pipeline
+
+    assert [c.strip() for c in readme_vllm_commands()] == [README_VLLM]
+    sizes = [s for s in TRAIN if not s.startswith(("model.precision", "rollout."))] + ["rl.iterations=2"]
+    tiny = deep_merge(repo_pipeline("tiny"), parse_overrides(sizes))
+    assert "rollout" not in tiny and tiny["model"].get("precision", "auto") == "auto"
+    (tmp_path / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, sort_keys=False))
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    with open(tmp_path / "train.log", "w") as log:
+        proc = subprocess.Popen(["bash", "-c", README_VLLM], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=1700)
+        finally:
+            proc.kill()
+            proc.wait()
+    text = (tmp_path / "train.log").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    out = tmp_path / "outputs" / "tiny"
+    assert (out / "metrics" / "eval.json").exists() and (out / "vllm-server.log").exists()
+    assert _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
     assert len(history) == 2 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
 

@@ -13,13 +13,9 @@ import os
 import socket
 import time
 
+from agent_r1.ports import free_port
+
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _loopback_interface() -> str | None:
@@ -48,7 +44,7 @@ def init_distributed(backend: str | None = None) -> None:
 
     if dist.is_available() and dist.is_initialized():
         return
-    single = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    single = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
     os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")

@@ -82,7 +82,8 @@ class LearnerConfig(BaseModel):
     value_clip: float = Field(0.2, ge=0)
     """Clip range of the critic's value update."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
-    """Logits are divided by it when computing log-probs for the update; keep it equal to rl.temperature."""
+    """Logits are divided by it when computing log-probs for the update; in a pipeline it must equal rl.temperature
+    (the config rejects a mismatch)."""
     share_prefix: bool = True
     """Run the tokens every row of a micro-batch starts with (the system prompt; also the question when the micro-batch is one GRPO group) once, not once per row, when computing log-probs (exact: the same values and gradients)."""
     lora_rank: int = Field(0, ge=0)

@@ -36,8 +36,8 @@ from agent_r1.models import load_model
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
-from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete, mark_complete, resumable,
-                                     save_state, write_json)
+from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerprint, history_path, is_complete,
+                                     mark_complete, resumable, save_state, write_json)
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
 from agent_r1.run import Agent, make_tools, tasks_for
@@ -210,7 +210,8 @@ class RLTrainer:
     """The RL iterations, one at a time (:meth:`step` is one iteration of the phase functions
     above, :meth:`run` all of them): the state the phases share.
 
-    ``learner`` trains the policy that ``engine`` samples from (they share the weights);
+    ``learner`` trains the policy that ``engine`` samples from (an :class:`HFEngine` shares the
+    learner's weights; a vLLM engine gets a copy of them at every sync, after each update);
     ``make_env()`` gives a fresh environment per episode; each iteration samples
     ``cfg.tasks_per_iteration`` of ``tasks`` (with the trainer's generator, seeded by
     ``seed``) and ``cfg.group_size`` episodes of each. With ``files``, every
@@ -295,7 +296,7 @@ class RLTrainer:
         out = self.learner.save(self.files.checkpoint, self.tokenizer)
         write_json(self.files.history, self.history)
         mark_complete(out, self.files.fingerprint)
-        self.log.curves(self.history, ["reward_mean", "em", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
+        self.log.curves(self.history, ["reward_mean", "em", "won", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
         if is_main():
             shutil.rmtree(self.files.state, ignore_errors=True)
         return out
@@ -307,18 +308,18 @@ class RLTrainer:
             report(f"iteration {self.iteration}/{total}", self.iteration / max(total, 1))
             while not self.done:
                 s = self.step(runner)
-                report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, EM {s.get('em', float('nan')):.3f}, "
-                       f"tool calls {s['tool_calls']:.2f}", self.iteration / max(total, 1))
+                shown = ", ".join(f"{k.replace('_', ' ')} {s[k]:.3f}" for k in ("em", "won", "tool_calls", "turns") if k in s)
+                report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, {shown}", self.iteration / max(total, 1))
         return runner.stage("rl-finish", RLTrainer.finish, self)
 
 
 def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
     """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner; ``vllm``
-    serves ``model_path`` (a folder of the same weights) from a server started here, or uses the one at
-    ``rollout.vllm.url``."""
+    serves ``model_path`` (a folder of the same weights) from a server started here (options:
+    :func:`vllm_server_args`), or uses the one at ``rollout.vllm.url``."""
     if cfg.rollout.engine == "hf":
         return HFEngine(model, tokenizer, precision=cfg.model.precision)
-    from agent_r1.rollout.vllm_engine import VLLMEngine, server_args, served_copy
+    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy
     from agent_r1.rollout.vllm_server import ROOT, VLLMServer
 
     vc = cfg.rollout.vllm
@@ -326,12 +327,15 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
     if vc.url:
         return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
     python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
-    args = server_args(_vllm_dtype(cfg.model.precision), vc.max_model_len,
-                       (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
+    args = vllm_server_args(cfg, model)
     cfg.out.mkdir(parents=True, exist_ok=True)
     weights = served_copy(model_path)
-    server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
-                        startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log")
+    try:
+        server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
+                            startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log")
+    except BaseException:  # the engine owns the copy only once it exists
+        shutil.rmtree(weights.parent, ignore_errors=True)
+        raise
     t0 = time.perf_counter()
     engine = VLLMEngine(tokenizer.eos_token_id, server=server, weights=weights, **kw)
     log.info("rollout: vLLM server %s healthy after %.1f s (log: %s)", server.url, time.perf_counter() - t0,
@@ -339,13 +343,19 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
     return engine
 
 
-def _vllm_dtype(precision: str) -> str:
-    """The server's dtype for ``model.precision`` (auto: bf16 only on a GPU that computes it natively)."""
-    if precision == "auto":
-        from agent_r1.models import native_bf16
+def vllm_server_args(cfg: RunConfig, model: torch.nn.Module) -> list[str]:
+    """The options of the vLLM server this run starts: its dtype is what the run computes in
+    (:func:`~agent_r1.pipeline.state.computed_precision`: ``model.precision: auto`` is fp32 on a
+    CPU, bf16 on a GPU that supports it), its context length ``rollout.vllm.max_model_len`` or,
+    when null, ``env.max_context_tokens`` (no episode's context grows past it) capped by the
+    model's ``max_position_embeddings``."""
+    from agent_r1.rollout.vllm_engine import server_args
 
-        precision = "bf16" if torch.cuda.is_available() and native_bf16("cuda") else "fp32"
-    return {"fp32": "float32", "bf16": "bfloat16"}[precision]
+    vc = cfg.rollout.vllm
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}[computed_precision(cfg)]
+    positions = getattr(model.config, "max_position_embeddings", None) or cfg.env.max_context_tokens
+    max_model_len = vc.max_model_len or min(cfg.env.max_context_tokens, positions)
+    return server_args(dtype, max_model_len, (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
 
 
 def _start_path(cfg: RunConfig, tracker=None) -> str:

@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -131,8 +132,20 @@ class VLLMEngine(RolloutEngine):
             raise
         self.url = (url or server.url).rstrip("/")
         if not healthy(self.url, timeout=10):
-            raise ConnectionError(f"rollout.vllm.url: no healthy vLLM server at {self.url} (GET /health)")
+            self.close()  # a server this engine started, and the weights it owns
+            raise ConnectionError(f"{'rollout.vllm.url: ' if url else ''}no healthy vLLM server at {self.url} (GET /health)")
+        self.max_model_len = self._served_len()
         self.reset()
+
+    def _served_len(self) -> int | None:
+        """The server's context length (``max_model_len`` of ``GET /v1/models``; None when it does not say)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as r:
+                models = json.loads(r.read()).get("data") or []
+        except (OSError, ValueError):
+            return None
+        lens = [m.get("max_model_len") for m in models if isinstance(m, dict) and m.get("max_model_len")]
+        return int(lens[0]) if lens else None
 
     # ----------------------------------------------------------------------- the contract
     def reset(self) -> None:
@@ -165,8 +178,19 @@ class VLLMEngine(RolloutEngine):
         return out
 
     def _body(self, ctx: list[int], params: SamplingParams, seed: int) -> dict:
+        """The completion request of one context. Its new tokens are capped to what the server's
+        context length leaves (vLLM rejects prompt + max_tokens > max_model_len, which a server
+        with max_model_len == env.max_context_tokens would otherwise see on an episode's first
+        turn); a context that leaves no room at all is an error naming both lengths."""
         greedy = params.temperature <= 0
-        return {"model": "policy", "prompt": list(ctx), "max_tokens": params.max_new_tokens,
+        max_tokens = params.max_new_tokens
+        if self.max_model_len is not None:
+            if len(ctx) >= self.max_model_len:
+                raise ValueError(f"a context of {len(ctx)} tokens leaves no room for a new token in the vLLM server's "
+                                 f"max_model_len ({self.max_model_len}): raise rollout.vllm.max_model_len or shorten the "
+                                 "prompt (env.max_context_tokens bounds the episodes)")
+            max_tokens = min(max_tokens, self.max_model_len - len(ctx))
+        return {"model": "policy", "prompt": list(ctx), "max_tokens": max_tokens,
                 "temperature": 0.0 if greedy else params.temperature, "top_p": 1.0 if greedy else params.top_p,
                 "top_k": -1, "seed": seed, "logprobs": 0, "return_token_ids": True, "stop_token_ids": [self.eos_id],
                 "skip_special_tokens": False, "ignore_eos": False}

@@ -11,8 +11,8 @@ log lines) and stops it on every exit path:
   its parent's pid. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started the server
   ends, e.g. a Prefect task's worker thread.)
 
-This module imports only the standard library: the watchdog runs under the vLLM environment's
-Python, which does not have agent_r1 installed.
+This module imports only the standard library at module level: the watchdog runs under the vLLM
+environment's Python, which does not have agent_r1 installed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,12 +32,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict | None = None, timeout: float = 600.0) -> dict:
@@ -73,7 +66,10 @@ class VLLMServer:
                                     "(run `make vllm`, or set rollout.vllm.url to a running server)")
         self.model, self.args, self.env = str(model), list(args), dict(env or {})
         self.startup_timeout_s = startup_timeout_s
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-server.", suffix=".log")[1])
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="vllm-server.", suffix=".log")
+            os.close(fd)  # start() opens it by name
+        self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         atexit.register(self.stop)
@@ -87,6 +83,8 @@ class VLLMServer:
                 "--host", "127.0.0.1", "--port", str(self.port), *self.args]
 
     def start(self) -> "VLLMServer":
+        from agent_r1.ports import free_port  # here: the watchdog runs this file where agent_r1 is not installed
+
         self.stop()
         self.port = free_port()
         env = os.environ | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
