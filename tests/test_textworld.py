@@ -227,3 +227,10 @@ def test_config_errors_name_the_setting():
     ):
         with pytest.raises((ConfigError, ValueError), match=message):
             load(name, override)
+
+
+def test_games_made_for_the_same_settings_are_kept(games):
+    before = {p.name: p.stat().st_mtime_ns for p in (games / "games").iterdir()}
+    cfg = GamesConfig(train_games=3, test_games=2, train_quest_lengths=[1, 2], test_quest_lengths=[3])
+    write_text_games(cfg, data_seed=7, out=games)
+    assert {p.name: p.stat().st_mtime_ns for p in (games / "games").iterdir()} == before

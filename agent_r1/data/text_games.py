@@ -74,8 +74,13 @@ def make_game(cfg: GamesConfig, quest_length: int, seed: int, path: Path, timeou
 
 
 def write_text_games(cfg: GamesConfig, data_seed: int, out: Path, workers: int = 2) -> Path:
-    """Generate the train and test games under ``out/games`` and write their task tables."""
-    games = out / "games"
+    """Generate the train and test games under ``out/games`` and write their task tables. Games
+    already made for the same settings and seed (``games/settings.json``) are kept: a re-run
+    (a resumed pipeline, another method on the same data) does not wait for tw-make again."""
+    games, settings = out / "games", json.dumps({"games": cfg.model_dump(), "seed": data_seed}, sort_keys=True)
+    stamp = games / "settings.json"
+    if stamp.exists() and stamp.read_text() == settings and all((out / f"{s}.parquet").exists() for s in ("train", "test")):
+        return out
     if games.exists():
         shutil.rmtree(games)
     games.mkdir(parents=True)
@@ -95,4 +100,5 @@ def write_text_games(cfg: GamesConfig, data_seed: int, out: Path, workers: int =
     for split in ("train", "test"):
         write_tasks([r for s, r in rows if s == split], out / f"{split}.parquet", split, GAME_FIELDS,
                     f"the generated textworld {split} games")
+    stamp.write_text(settings)  # last: an interrupted generation is redone
     return out

@@ -39,6 +39,7 @@ import tempfile
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
+
 from agent_r1.envs.metrics import Metric
 from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
 
@@ -175,8 +176,8 @@ def clean_feedback(text: str) -> str:
 def parse_command(action_text: str) -> str:
     """The command in a turn: its first non-blank line in printable ASCII (the Z-machine's input:
     other characters crash its interpreter, and a backslash starts one of its own commands, so they
-    become spaces), without quotes, a leading
-    ``>`` or a final period, spaces collapsed, at most 100 characters; "" for a blank turn."""
+    become spaces), without quotes, a leading ``>`` or a final period, spaces collapsed, at most
+    100 characters; "" for a blank turn."""
     printable = re.sub(r"[^\x20-\x5b\x5d-\x7e\n]", " ", action_text)  # and no backslash: frotz's escape
     line = next((ln for ln in printable.splitlines() if ln.strip()), "")
     line = " ".join(line.strip().lstrip(">").strip().strip("\"'`").rstrip(".").split())
