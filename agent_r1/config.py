@@ -236,7 +236,8 @@ class RLConfig(_Strict):
 class VLLMConfig(_Strict):
     url: str | None = None
     """A vLLM server run elsewhere (e.g. http://gpu-host:8000, started as README's GPU section says); null: the
-    pipeline starts one from .venv-vllm on a free port of 127.0.0.1 and stops it at the end."""
+    pipeline starts one from .venv-vllm on a free port of 127.0.0.1 and stops it at the end (on N ranks rank 0
+    starts it and every rank uses it)."""
     python: str = ".venv-vllm/bin/python"
     """The Python of the environment the server is started from (`make vllm` creates it); relative to the repo root."""
     max_model_len: int | None = Field(None, ge=16)

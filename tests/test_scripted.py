@@ -75,3 +75,36 @@ def test_a_prompt_that_leaves_no_room_for_a_turn_is_a_clear_error():
     trajs = run_episodes(engine, lambda: ToolEnv([lookup], max_turns=3), tasks, context, SamplingParams(max_new_tokens=16),
                          max_context_tokens=prompt + 16)
     assert trajs[0].stop_reason == "answer" and trajs[0].final_reward == 0.0
+
+
+@pytest.mark.parametrize("kind", ["scripted", "hf"])
+def test_a_prompt_that_does_not_fit_never_reaches_the_engine(kind, tok, make_model):
+    """Of two episodes, the one whose prompt leaves no room for a turn of max_new_tokens ends
+    before its first turn: 'token_budget', no step (so no training row), final reward 0 although
+    its environment scores a missing answer -1; only the other's contexts reach the engine
+    (ScriptedEngine or HFEngine: the same loop)."""
+    from agent_r1.context import ContextManager
+    from agent_r1.envs import ToolEnv
+    from agent_r1.rollout import HFEngine, run_episodes
+    from agent_r1.trajectory import to_sequences
+
+    class Strict(ToolEnv):  # as CodeEnv: no well-formed answer scores -1
+        def final_reward(self, answer, action_text):
+            return (1.0 if answer == "Paris" else -1.0), {}
+
+    engine = ScriptedEngine(tok, ["<answer>Paris</answer>"]) if kind == "scripted" else \
+        HFEngine(make_model(seed=0, std=0.3), tok, precision="fp32")
+    seen = []
+    generate = engine.generate
+    engine.generate = lambda contexts, params: seen.append(list(contexts)) or generate(contexts, params)
+    tasks = [{"id": "short", "question": "Paris?"}, {"id": "long", "question": "the museum of Paris " * 40}]
+    context = ContextManager(tok)
+    sizes = [len(context.start(Strict([], max_turns=1).reset(t)).prompt_ids) for t in tasks]
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    budget = sizes[0] + 8
+    assert sizes[1] + 8 > budget
+    short, long = run_episodes(engine, lambda: Strict([], max_turns=1), tasks, context, params, max_context_tokens=budget)
+    assert long.stop_reason == "token_budget" and long.steps == [] and long.final_reward == 0.0 and long.total_reward == 0.0
+    assert to_sequences(long, 1) == []
+    assert len(short.steps) == 1 and short.stop_reason in ("answer", "max_turns")
+    assert len(seen) == 1 and len(seen[0]) == 1 and len(seen[0][0]) == sizes[0]  # the long prompt never went out

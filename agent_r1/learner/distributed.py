@@ -141,6 +141,11 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (``flag`` itself in a single process)."""
+    return all_reduce([float(flag)], "max")[0] > 0 if world_size() > 1 else bool(flag)
+
+
 def my_share(items: list) -> list:
     """This rank's contiguous share of ``items`` (rank r's follows rank r-1's; all of them in a
     single process): :func:`gathered` puts the shares back in order."""

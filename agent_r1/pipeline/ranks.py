@@ -3,6 +3,9 @@ stages call; each one is the plain single-process behaviour when there is one ra
 
 - :func:`check_ranks`: starts the process group and names, before any model loads, the settings
   N ranks cannot run;
+- vLLM rollouts: one server for every rank, started by rank 0 unless ``rollout.vllm.url`` names
+  one; rank 0 alone syncs the weights after each update, every rank waiting for it
+  (:func:`agent_r1.rollout.vllm_engine.shared_engine`, ``VLLMEngine.sync_weights``);
 - :func:`on_main`: a stage that runs once (data preparation): rank 0 runs it, the others wait for
   its result (or its error);
 - :func:`rollout_shards`: an RL iteration's questions cut into ``rl.rollout_shards`` shards of
@@ -43,9 +46,6 @@ def check_ranks(cfg: RunConfig, control: bool = False) -> None:
     if ds_config(cfg.rl.learner)["zero_optimization"].get("stage", 0) == 3 and cfg.rollout.engine == "hf":
         problems.append("rl.learner ZeRO-3 on several ranks: every HF generate call would gather the weights, in "
                         "lock-step on every rank; use rollout.engine: vllm (or ZeRO 0-2)")
-    if cfg.rollout.engine == "vllm" and not cfg.rollout.vllm.url:
-        problems.append("rollout.engine vllm on several ranks: start one server and set rollout.vllm.url (every rank "
-                        "uses it)")
     if control:
         problems.append("--control on several ranks: the SFT-only control trains for a wall time, which ranks "
                         "cannot agree on step by step; run it in one process")

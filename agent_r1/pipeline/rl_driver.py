@@ -31,7 +31,7 @@ from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
-from agent_r1.learner.distributed import gathered, is_main
+from agent_r1.learner.distributed import any_rank, gathered, is_main
 from agent_r1.models import load_model
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
@@ -54,7 +54,8 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     """This iteration's tasks (``tasks_per_iteration``, drawn with the trainer's generator) and
     ``group_size`` sampled episodes of each; episodes of one task share a group id. With N ranks,
     this rank's shards of the tasks (:func:`~agent_r1.pipeline.ranks.rollout_shards`). A rollout
-    engine that dies is restarted once and the batch retried with the same seeds."""
+    engine that dies is restarted once and the batch retried with the same seeds
+    (:func:`_with_one_restart`)."""
     cfg = trainer.cfg
     pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
     trainer.batch_tasks = [trainer.tasks[i] for i in pick]
@@ -71,19 +72,38 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process)
         return rollout_shards(episodes, trainer.batch_tasks, cfg.rollout_shards)
 
+    trajs = _with_one_restart(trainer, run, rng)
+    trainer.rollout_s = time.perf_counter() - trainer.t_start
+    return trajs
+
+
+def _with_one_restart(trainer: "RLTrainer", run, rng: torch.Tensor) -> list[Trajectory]:
+    """``run()``; when the engine dies (:class:`EngineDied`) on any rank, every rank restarts it
+    together (rank 0 restarts the one server) and the ranks whose rollout died run it again from
+    torch's RNG state ``rng`` (the same seeds). A second death, on any rank, ends the run on every
+    rank."""
+    died = None
     try:
         trajs = run()
     except EngineDied as e:
-        log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", trainer.method, e)
-        trainer.engine.restart()
+        trajs, died = [], e
+    if not any_rank(died is not None):
+        return trajs
+    log.warning("RL %s: the rollout engine died (%s); restarting it and retrying the batch", trainer.method,
+                died or "on another rank")
+    trainer.engine.restart()
+    again = None
+    if died is not None:
         torch.set_rng_state(rng)
         try:
             trajs = run()
-        except EngineDied as e2:
-            where = f"; the last resumable state is {trainer.files.state}: run the same command again to resume" \
-                if trainer.files is not None else ""
-            raise RuntimeError(f"the rollout engine died twice in iteration {trainer.iteration + 1} ({e2}){where}") from e2
-    trainer.rollout_s = time.perf_counter() - trainer.t_start
+        except EngineDied as e:
+            again = e
+    if any_rank(again is not None):
+        where = f"; the last resumable state is {trainer.files.state}: run the same command again to resume" \
+            if trainer.files is not None else ""
+        raise RuntimeError(f"the rollout engine died twice in iteration {trainer.iteration + 1} "
+                           f"({again or 'on another rank'}){where}") from again
     return trajs
 
 
@@ -316,16 +336,27 @@ class RLTrainer:
 def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
     """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner; ``vllm``
     serves ``model_path`` (a folder of the same weights) from a server started here (options:
-    :func:`vllm_server_args`), or uses the one at ``rollout.vllm.url``."""
+    :func:`vllm_server_args`; on N ranks, by rank 0 for every rank), or uses the one at
+    ``rollout.vllm.url``."""
     if cfg.rollout.engine == "hf":
         return HFEngine(model, tokenizer, precision=cfg.model.precision)
-    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy
-    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
+    from agent_r1.rollout.vllm_engine import VLLMEngine, shared_engine
 
     vc = cfg.rollout.vllm
     kw = {"max_concurrency": vc.max_concurrency, "request_timeout_s": vc.request_timeout_s}
     if vc.url:
         return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
+    # one server for every rank: rank 0 starts it, the others connect to its url
+    return shared_engine(lambda: _started_engine(cfg, model, tokenizer, model_path, kw),
+                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, **kw))
+
+
+def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:
+    """A vLLM engine with a server of its own, started here from a served copy of ``model_path``."""
+    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy
+    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
+
+    vc = cfg.rollout.vllm
     python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
     args = vllm_server_args(cfg, model)
     cfg.out.mkdir(parents=True, exist_ok=True)

@@ -67,8 +67,8 @@ class RolloutEngine(ABC):
 
 
 class EngineDied(RuntimeError):
-    """The engine stopped answering (a server that crashed or was killed): :meth:`RolloutEngine.restart`
-    may bring it back."""
+    """The engine stopped answering or answers with failures (a server that crashed or was killed,
+    HTTP 5xx, a truncated or malformed answer): :meth:`RolloutEngine.restart` may bring it back."""
 
 
 class HFEngine(RolloutEngine):

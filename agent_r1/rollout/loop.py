@@ -31,6 +31,12 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     ``max_context_tokens`` is ended with ``stop_reason="token_budget"``; ``on_turn(turn,
     n_active)`` reports progress.
 
+    An episode whose prompt leaves no room for a first turn of ``max_new_tokens`` never reaches
+    the engine: it ends before its first turn (``stop_reason="token_budget"``, no step, so no
+    training row) with ``final_reward`` 0, not what the environment's ``final_reward`` gives a
+    missing answer (which may be negative); its metrics are the environment's. When that is
+    every episode's prompt, :class:`ContextBudgetError` (a config problem).
+
     An episode whose environment raises (in ``reset``, ``step`` or while its observation is
     added to the context) ends there with ``stop_reason="env_error"`` and the error in its
     ``error``; the other episodes go on. A :class:`MetricError` (the environment reported a
@@ -44,16 +50,7 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     envs = [make_env() for _ in tasks]
     trajs = [Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
              for i, task in enumerate(tasks)]
-    ctxs, active = {}, []
-    for i, (env, task) in enumerate(zip(envs, tasks)):
-        try:
-            ctxs[i] = context.start(env.reset(task))
-            active.append(i)
-        except MetricError:
-            raise
-        except Exception as e:  # noqa: BLE001 - one broken task must not cost the batch
-            _env_error(trajs[i], envs[i], e)
-    _check_room(ctxs, context, params, max_context_tokens)
+    ctxs, active = _start(envs, trajs, tasks, context, params, max_context_tokens)
     turn = 0
     while active:
         if on_turn:
@@ -76,6 +73,32 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
         active = still
         turn += 1
     return trajs
+
+
+def _start(envs: list, trajs: list[Trajectory], tasks: list[dict], context: ContextManager, params: SamplingParams,
+           max_context_tokens: int | None) -> tuple[dict, list[int]]:
+    """Reset every episode's environment: the contexts of those that start and the indices of
+    those that go to the engine (not the ones whose reset raised, nor those whose prompt leaves no
+    room for a turn: :func:`_no_room`, ended here before their first turn, unrewarded)."""
+    ctxs, active = {}, []
+    for i, (env, task) in enumerate(zip(envs, tasks)):
+        try:
+            ctxs[i] = context.start(env.reset(task))
+            active.append(i)
+        except MetricError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one broken task must not cost the batch
+            _env_error(trajs[i], envs[i], e)
+    for i in _no_room(ctxs, context, params, max_context_tokens):
+        active.remove(i)
+        try:
+            _finish(trajs[i], envs[i], envs[i].end("token_budget").info)
+            trajs[i].final_reward = 0.0  # unrewarded, whatever the env scores a missing answer
+        except MetricError:
+            raise
+        except Exception as e:  # noqa: BLE001 - as in a step
+            _env_error(trajs[i], envs[i], e)
+    return ctxs, active
 
 
 def play_policy(make_env: Callable[[], ToolEnv], tasks: list[dict], turn: Callable[[ToolEnv, dict, int], str]) -> list[Trajectory]:
@@ -107,22 +130,25 @@ class ContextBudgetError(ValueError):
     """No episode's prompt leaves room for a turn within the context budget (a config problem)."""
 
 
-def _check_room(ctxs: dict, context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> None:
-    """A prompt that leaves no room for a turn of ``max_new_tokens``: an error when it is every
-    episode's (they would all end on turn 1 with 'token_budget', reward 0), a warning for some."""
+def _no_room(ctxs: dict, context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> list:
+    """The episodes (keys of ``ctxs``) whose prompt leaves no room for a turn of ``max_new_tokens``
+    within ``max_context_tokens``: an error when that is every episode's, else a warning (they end
+    before their first turn, with 'token_budget', reward 0 and no step to train on)."""
     if not max_context_tokens or not ctxs:
-        return
+        return []
     sizes = {i: len(context.context_ids(c)) for i, c in ctxs.items()}
     full = [i for i, n in sizes.items() if n + params.max_new_tokens > max_context_tokens]
     if not full:
-        return
+        return []
     tools = f" ({len(context.tools)} tool schemas in it)" if getattr(context, "tools", None) else ""
     if len(full) == len(sizes):
         raise ContextBudgetError(f"the prompt of every task is at least {min(sizes.values())} tokens{tools}; with max_new_tokens="
                          f"{params.max_new_tokens} that is more than max_context_tokens={max_context_tokens}: every episode "
                          "would end before its first turn. Raise the budget (env.max_context_tokens) or shorten the prompt")
-    log.warning("%d of %d prompts leave no room for a turn of max_new_tokens=%d within max_context_tokens=%d: "
-                "those episodes end on turn 1 (token_budget)", len(full), len(sizes), params.max_new_tokens, max_context_tokens)
+    log.warning("%d of %d prompts leave no room for a turn of max_new_tokens=%d within max_context_tokens=%d: those "
+                "episodes end before their first turn (token_budget, reward 0, not trained on)", len(full), len(sizes),
+                params.max_new_tokens, max_context_tokens)
+    return full
 
 
 def _decoded(tok, gen) -> str:

@@ -17,25 +17,37 @@ names, safetensors, LoRA merged) to a temporary folder (on ``/dev/shm`` where it
 the server to load it (``POST /collective_rpc`` ``reload_weights``) and clears its prefix cache
 (``POST /reset_prefix_cache``: cached keys and values of the old weights). The server is
 started by the pipeline (:class:`~agent_r1.rollout.vllm_server.VLLMServer`) or runs elsewhere
-(``rollout.vllm.url``); it holds no training state.
+(``rollout.vllm.url``); it holds no training state. On N ranks there is one server: rank 0
+starts it (:func:`shared_engine`) and alone writes the weights and posts the reload, every rank
+waiting for it (:meth:`VLLMEngine.sync_weights`); a restart is rank 0's too.
+
+A failing server is :class:`~agent_r1.rollout.engine.EngineDied` (the driver restarts it once and
+retries): refused, reset or timed-out connections, HTTP 5xx (a crashed engine core), a
+truncated body, a body that is not JSON or not a completion. The first request of a batch
+that fails aborts the others still in flight (their sockets are shut down): nothing waits out
+``request_timeout_s`` for a server known to have failed. HTTP 4xx is a bad request
+(:class:`HTTPRefused`), not a dead server.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
+import socket
 import tempfile
-import urllib.error
+import threading
+import urllib.parse
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from agent_r1.rollout.engine import EngineDied, Generation, RolloutEngine, SamplingParams
-from agent_r1.rollout.vllm_server import VLLMServer, healthy, post
+from agent_r1.rollout.vllm_server import VLLMServer, healthy
 
 
 def server_args(dtype: str = "float32", max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
@@ -111,6 +123,64 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class HTTPRefused(RuntimeError):
+    """The server answered a request with HTTP 4xx: the request is at fault, not the server."""
+
+
+class _Requests:
+    """The HTTP requests of one batch, each on a connection of its own. :meth:`abort` shuts down
+    the sockets of those still open, so their threads return at once instead of waiting up to
+    the request timeout for a server that has failed."""
+
+    def __init__(self):
+        self._open: set[http.client.HTTPConnection] = set()
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def post(self, url: str, body: dict | None, timeout: float) -> dict:
+        """POST ``body`` as JSON to ``url``; the JSON answer ({} when empty). A failing server is
+        :class:`EngineDied`: refused, reset or timed out, HTTP 5xx (e.g. a crashed engine core), a
+        truncated body, a body that is not JSON. HTTP 4xx is :class:`HTTPRefused`."""
+        parts = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        try:
+            conn.connect()
+            with self._lock:
+                if self._aborted:
+                    raise EngineDied(f"{url}: not sent, another request of the batch failed")
+                self._open.add(conn)
+            conn.request("POST", parts.path, json.dumps(body or {}), {"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            status, data = answer.status, answer.read()
+        except (OSError, http.client.HTTPException) as e:  # HTTPException: IncompleteRead (truncated), a bad status line
+            raise EngineDied(f"vLLM server {url} stopped answering: {e!r}") from e
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+            conn.close()
+        text = data.decode(errors="replace")
+        if status >= 500:
+            raise EngineDied(f"vLLM server {url}: HTTP {status}: {text[:500]}")
+        if status >= 400:
+            raise HTTPRefused(f"vLLM server {url}: HTTP {status}: {text[:500]}")
+        try:
+            return json.loads(data) if data.strip() else {}
+        except ValueError as e:
+            raise EngineDied(f"vLLM server {url}: an answer that is not JSON ({e}): {text[:200]!r}") from e
+
+    def abort(self) -> None:
+        """End every request still open (its thread gets an error, which nobody waits for)."""
+        with self._lock:
+            self._aborted = True
+            open_ = list(self._open)
+        for conn in open_:
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it
+            except OSError:
+                pass
+
+
 class VLLMEngine(RolloutEngine):
     """Generates turns on a vLLM server: ``server`` (started and stopped by this engine) or
     ``url`` (one running elsewhere, e.g. on GPUs; started with :func:`server_args` and
@@ -161,21 +231,35 @@ class VLLMEngine(RolloutEngine):
             return []
         base = int(torch.randint(0, 2**31 - len(contexts), (1,)))  # one draw per call: reproducible
         bodies = [self._body(c, params, base + i) for i, c in enumerate(contexts)]
-        with ThreadPoolExecutor(min(self.max_concurrency, len(bodies))) as pool:
-            answers = list(pool.map(self._complete, bodies))
         out = []
-        for ctx, a in zip(contexts, answers):
-            choice = a["choices"][0]
-            ids, lps = list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
-            details = (a.get("usage") or {}).get("prompt_tokens_details") or {}
+        for ctx, (ids, lps, cached) in zip(contexts, self._post_all(bodies)):
             self._counts["context_tokens"] += len(ctx)
-            self._counts["cached_tokens"] += int(details.get("cached_tokens") or 0)
+            self._counts["cached_tokens"] += cached
             if self.eos_id in ids:  # the first eos ends the turn (the contract: none before it)
                 n = ids.index(self.eos_id) + 1
                 ids, lps = ids[:n], lps[:n]
             ids, lps = ids[: params.max_new_tokens], lps[: params.max_new_tokens]
             out.append(Generation(ids, lps, bool(ids) and ids[-1] == self.eos_id))
         return out
+
+    def _post_all(self, bodies: list[dict]) -> list[tuple[list[int], list[float], int]]:
+        """Every completion request at once (up to ``max_concurrency``); their answers in order.
+        The first that fails ends the batch: the requests still in flight are aborted and the
+        queued ones cancelled (nothing waits for them), and its error is raised."""
+        requests = _Requests()
+        pool = ThreadPoolExecutor(min(self.max_concurrency, len(bodies)), thread_name_prefix="vllm-request")
+        try:
+            futures = [pool.submit(self._complete, requests, body) for body in bodies]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+            if failed is not None:
+                raise failed.exception()
+            return [f.result() for f in futures]
+        except BaseException:
+            requests.abort()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _body(self, ctx: list[int], params: SamplingParams, seed: int) -> dict:
         """The completion request of one context. Its new tokens are capped to what the server's
@@ -195,56 +279,76 @@ class VLLMEngine(RolloutEngine):
                 "top_k": -1, "seed": seed, "logprobs": 0, "return_token_ids": True, "stop_token_ids": [self.eos_id],
                 "skip_special_tokens": False, "ignore_eos": False}
 
-    def _complete(self, body: dict) -> dict:
+    def _complete(self, requests: _Requests, body: dict) -> tuple[list[int], list[float], int]:
+        """One completion: the sampled ids, their log-probs and the prompt's cached tokens. An
+        answer without them (a malformed body) is a failing server (:class:`EngineDied`)."""
+        answer = requests.post(f"{self.url}/v1/completions", body, self.request_timeout_s)
         try:
-            return post(f"{self.url}/v1/completions", body, timeout=self.request_timeout_s)
-        except urllib.error.HTTPError as e:  # the server answered: a bad request, not a dead server
-            raise RuntimeError(f"vLLM server {self.url}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from e
-        except OSError as e:  # refused, reset, timed out: the server is gone or hung
-            raise EngineDied(f"vLLM server {self.url} stopped answering: {e}") from e
+            choice = answer["choices"][0]
+            ids, lps = [int(t) for t in choice["token_ids"]], [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+            cached = int(details.get("cached_tokens") or 0)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise EngineDied(f"vLLM server {self.url}: a malformed completion ({e!r}): {str(answer)[:200]}") from e
+        if len(ids) != len(lps):
+            raise EngineDied(f"vLLM server {self.url}: a malformed completion ({len(ids)} ids, {len(lps)} log-probs)")
+        return ids, lps, cached
 
     # ----------------------------------------------------------------------- weights, lifecycle
     def sync_weights(self, write: Callable[[Path], object]) -> float:
         """Load the learner's current weights into the server: ``write(folder)`` writes an HF
         folder (safetensors), the server reloads from it, the prefix cache is cleared. The folder
-        is kept until the next sync (a restarted server starts from it). Returns the seconds taken."""
+        is kept until the next sync (a restarted server starts from it). Returns the seconds taken.
+
+        On N ranks every rank calls it after the same update: each runs ``write`` (a ZeRO-3
+        gather needs them all; rank 0 alone writes, into a folder of rank 0's), rank 0 alone
+        posts the reload, and every rank waits for it and raises its error (one sync per update)."""
         import time
 
-        t0 = time.perf_counter()
-        folder = weights_dir()
-        try:
-            write(folder / "model")
+        from agent_r1.learner.distributed import is_main
+
+        def reload() -> None:
             untie(folder / "model")
             self._reload(folder / "model")
+
+        t0 = time.perf_counter()
+        folder = _on_rank0(weights_dir)  # rank 0's
+        try:
+            write(folder / "model")
+            _on_rank0(reload)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            if is_main():
+                shutil.rmtree(folder, ignore_errors=True)
             raise
-        if self._weights is not None:
-            shutil.rmtree(self._weights.parent, ignore_errors=True)
-        self._weights = folder / "model"
+        if is_main():
+            if self._weights is not None:
+                shutil.rmtree(self._weights.parent, ignore_errors=True)
+            self._weights = folder / "model"
         return time.perf_counter() - t0
 
     def _reload(self, path: Path) -> None:
+        requests = _Requests()
         try:
-            post(f"{self.url}/collective_rpc", {"method": "reload_weights",
-                                                "kwargs": {"weights_path": str(path), "is_checkpoint_format": True}},
-                 timeout=self.request_timeout_s)
-            post(f"{self.url}/reset_prefix_cache", timeout=self.request_timeout_s)
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"vLLM server {self.url}: weight reload failed (HTTP {e.code}; the server needs "
-                               f"VLLM_SERVER_DEV_MODE=1): {e.read().decode(errors='replace')[:500]}") from e
-        except OSError as e:
-            raise EngineDied(f"vLLM server {self.url} stopped answering during the weight reload: {e}") from e
+            requests.post(f"{self.url}/collective_rpc", {"method": "reload_weights", "kwargs": {
+                "weights_path": str(path), "is_checkpoint_format": True}}, self.request_timeout_s)
+            requests.post(f"{self.url}/reset_prefix_cache", None, self.request_timeout_s)
+        except HTTPRefused as e:
+            raise RuntimeError(f"weight reload failed ({e}; the server needs VLLM_SERVER_DEV_MODE=1)") from e
 
     def restart(self) -> None:
-        """Start the server again, from the last synced weights; only a server this engine started."""
+        """Start the server again, from the last synced weights; only a server this engine started.
+        On N ranks every rank calls it together: rank 0 restarts the server it started, and every
+        rank gets its new url (or its error)."""
+        self.url = _on_rank0(self._restart_here)
+
+    def _restart_here(self) -> str:
         if self.server is None:
             raise EngineDied(f"the vLLM server at {self.url} stopped answering (rollout.vllm.url: not started here, "
                              "so not restarted)")
         if self._weights is not None:
             self.server.model = str(self._weights)
         self.server.start()
-        self.url = self.server.url
+        return self.server.url.rstrip("/")
 
     def close(self) -> None:
         if self.server is not None:
@@ -252,3 +356,46 @@ class VLLMEngine(RolloutEngine):
         if self._weights is not None:
             shutil.rmtree(self._weights.parent, ignore_errors=True)
             self._weights = None
+
+
+def _on_rank0(fn: Callable[[], object]):
+    """``fn()`` on rank 0 alone while every rank waits for it: its result (picklable) on every
+    rank, or its error raised on every rank (rank 0 its own; the others :class:`EngineDied` when it
+    was one, else RuntimeError, with its message). In one process, just ``fn()``."""
+    from agent_r1.learner.distributed import broadcast_object, is_main, world_size
+
+    if world_size() == 1:
+        return fn()
+    result = error = None
+    if is_main():
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - raised below, on every rank
+            error = e
+    result, failure = broadcast_object((result, None if error is None else (isinstance(error, EngineDied), str(error))))
+    if error is not None:
+        raise error
+    if failure is not None:
+        died, message = failure
+        raise (EngineDied if died else RuntimeError)(f"on rank 0: {message}")
+    return result
+
+
+def shared_engine(start: Callable[[], "VLLMEngine"], connect: Callable[[str], "VLLMEngine"]) -> "VLLMEngine":
+    """The engine of a run's one server: ``start()`` (an engine that starts its server) in one
+    process; on N ranks rank 0 runs ``start()`` and every other rank ``connect(url)`` to that
+    server once it is healthy (or raises rank 0's error). Rank 0's engine restarts the server
+    (:meth:`VLLMEngine.restart`, which every rank calls together) and stops it at the end."""
+    from agent_r1.learner.distributed import is_main, world_size
+
+    if world_size() == 1:
+        return start()
+    engine = None
+
+    def started() -> str:
+        nonlocal engine
+        engine = start()
+        return engine.url
+
+    url = _on_rank0(started)
+    return engine if is_main() else connect(url)

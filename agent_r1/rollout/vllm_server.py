@@ -87,7 +87,7 @@ class VLLMServer:
 
         self.stop()
         self.port = free_port()
-        env = os.environ | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
+        env = _without_launcher(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
         watch = [str(self.python), str(Path(__file__).resolve()), "--watch", str(os.getpid()), "--"]
         with open(self.log_path, "ab") as log:
             # its own session: the watchdog leads a process group holding the server and its children
@@ -129,6 +129,16 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# What torchrun sets for each rank: a server started by rank 0 of N is one program of its own
+# (vLLM starts its own process group), not a rank of the trainer's group
+_LAUNCHER = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def _without_launcher(env) -> dict:
+    return {k: v for k, v in env.items() if k not in _LAUNCHER and not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))}
 
 
 def _end_group(pgid: int, grace_s: float, ended) -> None:
