@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = {
     "data": {"n_films": 24, "n_directors": 8, "n_studios": 4},
-    "model": {"tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
+    "model": {"name_or_path": None, "tiny": {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
                        "intermediate_size": 64, "vocab_size": 400}},
     "sft": {"epochs": 0.2},
     "rl": {"tasks_per_iteration": 4, "group_size": 2},
