@@ -414,6 +414,37 @@ def mlflow_ui(port: int = typer.Option(5000, help="port on 127.0.0.1")):
     os.execvp(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)])
 
 
+@app.command("vllm-model")
+def vllm_model(
+    folder: Path = typer.Argument(..., help="the folder to write (copy it to the server's machine, or share it)"),
+    pipeline: str = PIPELINE,
+    config_file: Path = CONFIG,
+    overrides: list[str] = SET,
+):
+    """Write the folder a vLLM server run elsewhere (rollout.vllm.url) starts from: the pipeline's
+    model.name_or_path (the tiny model: its RL start, checkpoints/sft) with untied embeddings, and
+    print the command that starts the server with the options the pipeline's own server would get."""
+    _quiet_libraries()
+    import shlex
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from agent_r1.pipeline.rl_driver import _start_path, vllm_server_args
+    from agent_r1.rollout.vllm_engine import served_model
+
+    cfg = _config(pipeline, config_file, overrides)
+    folder = served_model(cfg.model.name_or_path or _start_path(cfg), folder.absolute())
+    args = vllm_server_args(cfg, SimpleNamespace(config=AutoConfig.from_pretrained(folder)))
+    server = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), *args,
+              "--host", "0.0.0.0", "--port", "8000"]
+    typer.echo(f"wrote {folder} (untied); start the server from it (VLLM_SERVER_DEV_MODE=1 opens its weight-sync "
+               "routes: keep it on a private network):")
+    typer.echo("VLLM_SERVER_DEV_MODE=1 " + shlex.join(server))
+    typer.echo("then train with -s rollout.engine=vllm -s rollout.vllm.url=http://<server>:8000 "
+               "-s rollout.vllm.weights_dir=<a folder the server reads at the same path>")
+
+
 @app.command("show-config")
 def show_config(
     pipeline: str = PIPELINE,

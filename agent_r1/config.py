@@ -224,6 +224,11 @@ class RLConfig(_Strict):
     (models:/<name>@<alias>)."""
     checkpoint_every: int = Field(10, ge=1)  # iterations between resumable states
     """Iterations between resumable states."""
+    max_staleness: int = Field(0, ge=0)
+    """η: how many updates a rollout may run ahead of the learner (rollout.engine: vllm, one process). 0: the
+    synchronous loop (sample, update, sync the weights). η ≥ 1: the next iterations' episodes are sampled on the server
+    while the learner updates; no episode an update trains on comes from a policy more than η updates older
+    (rollout/staleness_mean, rollout/staleness_max), and the loss corrects for it (rl.learner.off_policy_correction)."""
     learner: LearnerConfig = LearnerConfig()
     """The DeepSpeed learner's optimizer and loss settings."""
 
@@ -235,9 +240,13 @@ class RLConfig(_Strict):
 
 class VLLMConfig(_Strict):
     url: str | None = None
-    """A vLLM server run elsewhere (e.g. http://gpu-host:8000, started as README's GPU section says); null: the
-    pipeline starts one from .venv-vllm on a free port of 127.0.0.1 and stops it at the end (on N ranks rank 0
-    starts it and every rank uses it)."""
+    """A vLLM server run elsewhere (e.g. http://gpu-host:8000, started from the folder `agent-r1 vllm-model`
+    writes, with the command it prints); null: the pipeline starts one from .venv-vllm on a free port of
+    127.0.0.1 and stops it at the end (on N ranks rank 0 starts it and every rank uses it)."""
+    weights_dir: str | None = None
+    """The folder the weight syncs are written to (created if missing; also the copy a started server starts
+    from); the server reads them at the same path, so for a server run elsewhere (url) it must be a folder both
+    machines see there (a shared filesystem); null: /dev/shm (memory), or the temp dir where there is none."""
     python: str = ".venv-vllm/bin/python"
     """The Python of the environment the server is started from (`make vllm` creates it); relative to the repo root."""
     max_model_len: int | None = Field(None, ge=16)
@@ -362,7 +371,7 @@ class RunConfig(_Strict):
                 problems.append(f"{'data.source' if self.data.source == 'textworld' else 'env.name'}: {INSTALL_HINT}")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
-        problems += _vllm_problems(self)
+        problems += _vllm_problems(self) + _staleness_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -514,6 +523,20 @@ def _vllm_problems(cfg: RunConfig) -> list[str]:
         return [f"rollout.vllm.max_model_len: {n} is longer than the tiny model's positions "
                 f"(model.tiny.max_position_embeddings: {t.max_position_embeddings}); null derives it"]
     return []
+
+
+def _staleness_problems(cfg: RunConfig) -> list[str]:
+    """Rollouts ahead of the learner (``rl.max_staleness`` ≥ 1) run on a vLLM server, in one process."""
+    if not cfg.rl.max_staleness:
+        return []
+    out = []
+    if cfg.rollout.engine != "vllm":
+        out.append("rl.max_staleness: rollouts ahead of the learner need rollout.engine: vllm (the hf engine samples "
+                   "with the learner's own weights, which the update changes under it)")
+    if (cfg.rl.rollout_shards or 1) > 1:
+        out.append("rl.rollout_shards: rollouts ahead of the learner (rl.max_staleness ≥ 1) sample each batch as one "
+                   "shard; leave it null")
+    return out
 
 
 def _learner_problems(cfg: RunConfig) -> list[str]:

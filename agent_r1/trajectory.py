@@ -47,6 +47,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     # the metrics the environment declares, name -> how a batch aggregates them (envs/metrics.py)
     metric_aggs: dict[str, str] = field(default_factory=dict)
+    # the policy that sampled it: how many updates its weights had seen (rl.max_staleness bounds how
+    # far it may lag the learner's when an update trains on it)
+    policy_version: int = 0
 
     @property
     def total_reward(self) -> float:
@@ -85,6 +88,7 @@ def from_frame(df: pd.DataFrame) -> list[Trajectory]:
                           final_reward=float(first.final_reward), stop_reason=str(first.stop_reason),
                           answer=None if pd.isna(first.answer) else str(first.answer),
                           error=None if pd.isna(first.error) else str(first.error),
+                          policy_version=int(first.get("policy_version", 0)),
                           **{k: json.loads(first[k]) for k in _TRAJ_JSON})
         for rec in rows.to_dict("records"):
             kw = {k: rec[k] for k in Step.__dataclass_fields__}
@@ -216,7 +220,10 @@ class TrainBatch:
     - ``old_values`` [B, T]: the critic's values (estimators with a critic);
     - ``old_logprobs`` [B, T]: the policy's log-probs before the update, on the rows that can carry
       a gradient (not computed for a single-step update, whose ratio is 1);
-    - ``ref_logprobs`` [B, T]: the frozen reference's log-probs (``kl_coef > 0``).
+    - ``ref_logprobs`` [B, T]: the frozen reference's log-probs (``kl_coef > 0``);
+    - ``behaviour_logprobs`` [B, T]: ``sample_logprobs`` when the episodes may come from an older
+      policy than the learner's (``rl.max_staleness`` ≥ 1): the update corrects for it
+      (``rl.learner.off_policy_correction``).
     """
 
     input_ids: torch.Tensor
@@ -234,6 +241,7 @@ class TrainBatch:
     old_values: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    behaviour_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)

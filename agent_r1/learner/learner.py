@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -81,6 +82,15 @@ class LearnerConfig(BaseModel):
     """Weight of the entropy bonus."""
     value_clip: float = Field(0.2, ge=0)
     """Clip range of the critic's value update."""
+    off_policy_correction: Literal["tis", "decoupled", "none"] = "tis"
+    """How an update corrects for episodes sampled by an older policy (rl.max_staleness ≥ 1; not applied at 0). The
+    token weight is w = π_prox / π_behav (π_prox: the policy before this update, which the PPO ratio is taken against;
+    π_behav: the log-probs the rollout sampled with): `tis`, truncated importance sampling, min(w, is_cap) (Yao et al.
+    2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl's rollout IS, SkyRL); `decoupled`,
+    AReaL's decoupled PPO objective (Fu et al. 2025, arXiv:2505.24298): w, with the tokens whose w > is_cap left out;
+    `none`: no weight (stale episodes are trained on as if sampled by π_prox)."""
+    is_cap: float = Field(2.0, gt=1)
+    """The cap on the importance weight w of off_policy_correction."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
     """Logits are divided by it when computing log-probs for the update; in a pipeline it must equal rl.temperature
     (the config rejects a mismatch)."""
@@ -263,6 +273,27 @@ def _partitions(engine, weights_only: bool = False) -> bool:
     return bool(getattr(engine, attr, lambda: False)())
 
 
+def off_policy_weights(prox: torch.Tensor, mb: TrainBatch, cfg: LearnerConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The advantages and loss mask the policy loss takes for a mini-batch ``mb``: unchanged, unless
+    its episodes were sampled ahead of the learner (``mb.behaviour_logprobs``, rl.max_staleness ≥ 1) and
+    ``cfg.off_policy_correction`` weighs them by w = π_prox / π_behav (``prox``: the log-probs before
+    this update). The weight scales the advantages, which weighs the clipped surrogate token by token
+    (w ≥ 0 factors out of its max and of the dual-clip cap). Metrics: the mean weight and the share of
+    tokens truncated (``tis``) or left out (``decoupled``)."""
+    mode, mask = cfg.off_policy_correction, mb.loss_mask
+    if mb.behaviour_logprobs is None or mode == "none":
+        return mb.advantages, mask, {}
+    w = torch.exp((prox - mb.behaviour_logprobs).clamp(-20.0, 20.0)).detach()
+    over = (w > cfg.is_cap) & mask.bool()
+    if mode == "tis":
+        w = w.clamp(max=cfg.is_cap)
+    else:  # decoupled: the tokens whose weight passes the cap are not trained on
+        w, mask = torch.where(over, 0.0, w), mask * ~over
+    share = float(over.sum()) / max(float(mb.loss_mask.sum()), 1.0)
+    return mb.advantages * w, mask, {"is_weight_mean": aggregate(w, mask, "token-mean").item(),
+                                     f"is_{'truncated' if mode == 'tis' else 'masked'}_share": share}
+
+
 class ValueModel(torch.nn.Module):
     """A critic: the policy's transformer body with a scalar head, one value per token."""
 
@@ -440,12 +471,11 @@ class Learner:
             logp, ent = token_logprobs(self.model, mb.input_ids, mb.attention_mask, cfg.temperature, with_entropy=True,
                                        positions=mb.loss_mask, share_prefix=cfg.share_prefix)
             mask = mb.loss_mask
-            loss, metrics = self.policy_loss(
-                logp, logp.detach() if mb.old_logprobs is None else mb.old_logprobs, mb.advantages, mask,
-                **self.policy_loss.kwargs(cfg)
-            )
+            prox = logp.detach() if mb.old_logprobs is None else mb.old_logprobs
+            advantages, pg_mask, is_metrics = off_policy_weights(prox, mb, cfg)
+            loss, metrics = self.policy_loss(logp, prox, advantages, pg_mask, **self.policy_loss.kwargs(cfg))
             entropy = aggregate(ent, mask, cfg.loss_agg)
-            metrics = {f"policy/{k}": v for k, v in metrics.items()}
+            metrics = {f"policy/{k}": v for k, v in (metrics | is_metrics).items()}
             metrics["policy/pg_loss"] = loss.detach()
             metrics["policy/entropy"] = entropy.detach()
             if self.reference is not None and cfg.kl_coef > 0:

@@ -46,6 +46,9 @@ def check_ranks(cfg: RunConfig, control: bool = False) -> None:
     if ds_config(cfg.rl.learner)["zero_optimization"].get("stage", 0) == 3 and cfg.rollout.engine == "hf":
         problems.append("rl.learner ZeRO-3 on several ranks: every HF generate call would gather the weights, in "
                         "lock-step on every rank; use rollout.engine: vllm (or ZeRO 0-2)")
+    if cfg.rl.max_staleness:
+        problems.append("rl.max_staleness: rollouts ahead of the learner run in one process (one learner rank beside "
+                        "the server); use --nproc 1 or rl.max_staleness: 0")
     if control:
         problems.append("--control on several ranks: the SFT-only control trains for a wall time, which ranks "
                         "cannot agree on step by step; run it in one process")

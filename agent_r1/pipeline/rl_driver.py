@@ -55,32 +55,53 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     ``group_size`` sampled episodes of each; episodes of one task share a group id. With N ranks,
     this rank's shards of the tasks (:func:`~agent_r1.pipeline.ranks.rollout_shards`). A rollout
     engine that dies is restarted once and the batch retried with the same seeds
-    (:func:`_with_one_restart`)."""
+    (:func:`_with_one_restart`). With ``rl.max_staleness`` ≥ 1 the episodes were sampled ahead, while
+    the learner updated (:mod:`agent_r1.pipeline.ahead`): this waits for them."""
     cfg = trainer.cfg
+    trainer.t_start = time.perf_counter()
+    if cfg.max_staleness:
+        got = trainer.rollouts_ahead().take(trainer.iteration)
+        trainer.batch_tasks, trainer.rollout_s, trainer.engine_stats = got.tasks, got.rollout_s, got.engine_stats
+        return got.trajs
     pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
     trainer.batch_tasks = [trainer.tasks[i] for i in pick]
-    params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens)
-    trainer.t_start = time.perf_counter()
     rng = torch.get_rng_state()
 
-    def episodes(part: list[dict]) -> list[Trajectory]:
-        reps = [t for t in part for _ in range(cfg.group_size)]
-        groups = [i for i in range(len(part)) for _ in range(cfg.group_size)]
-        return run_episodes(trainer.engine, trainer.make_env, reps, trainer.context, params, groups,
-                            trainer.max_context_tokens)
+    def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process), from the same seeds
+        torch.set_rng_state(rng)
+        return rollout_shards(lambda part: _episodes(trainer, part), trainer.batch_tasks, cfg.rollout_shards)
 
-    def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process)
-        return rollout_shards(episodes, trainer.batch_tasks, cfg.rollout_shards)
-
-    trajs = _with_one_restart(trainer, run, rng)
+    trajs = _with_one_restart(trainer, run)
+    for t in trajs:
+        t.policy_version = trainer.iteration
+    trainer.engine_stats = trainer.engine.stats()
     trainer.rollout_s = time.perf_counter() - trainer.t_start
     return trajs
 
 
-def _with_one_restart(trainer: "RLTrainer", run, rng: torch.Tensor) -> list[Trajectory]:
+def _episodes(trainer: "RLTrainer", tasks: list[dict], generator: torch.Generator | None = None) -> list[Trajectory]:
+    """``group_size`` episodes of each task, a group per task, with seeds drawn from ``generator``
+    (None: torch's global generator)."""
+    cfg = trainer.cfg
+    params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens, generator)
+    reps = [t for t in tasks for _ in range(cfg.group_size)]
+    groups = [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
+    return run_episodes(trainer.engine, trainer.make_env, reps, trainer.context, params, groups,
+                        trainer.max_context_tokens)
+
+
+def _sample_ahead(trainer: "RLTrainer", j: int, generator: torch.Generator) -> tuple[list[Trajectory], list[dict]]:
+    """Iteration ``j``'s tasks and episodes for :class:`~agent_r1.pipeline.ahead.RolloutsAhead`, both
+    drawn from ``generator`` (the iteration's own)."""
+    pick = torch.randperm(len(trainer.tasks), generator=generator)[: trainer.cfg.tasks_per_iteration].tolist()
+    tasks = [trainer.tasks[i] for i in pick]
+    return _episodes(trainer, tasks, generator), tasks
+
+
+def _with_one_restart(trainer: "RLTrainer", run) -> list[Trajectory]:
     """``run()``; when the engine dies (:class:`EngineDied`) on any rank, every rank restarts it
-    together (rank 0 restarts the one server) and the ranks whose rollout died run it again from
-    torch's RNG state ``rng`` (the same seeds). A second death, on any rank, ends the run on every
+    together (rank 0 restarts the one server) and the ranks whose rollout died run it again (``run``
+    samples from the same seeds each time). A second death, on any rank, ends the run on every
     rank."""
     died = None
     try:
@@ -94,7 +115,6 @@ def _with_one_restart(trainer: "RLTrainer", run, rng: torch.Tensor) -> list[Traj
     trainer.engine.restart()
     again = None
     if died is not None:
-        torch.set_rng_state(rng)
         try:
             trajs = run()
         except EngineDied as e:
@@ -123,6 +143,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
         trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
     # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
     batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
+    if cfg.max_staleness:  # sampled ahead, maybe by an older policy: the update corrects for it
+        batch.behaviour_logprobs = batch.sample_logprobs
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
                              values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids, gamma=cfg.gamma,
@@ -141,10 +163,23 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
 def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     """The learner's update (with its throughput: tokens of the rows it ran per s), then its new
     weights to the engine (a vLLM server; nothing to do for an engine that shares the learner's
-    weights). An engine that dies in the sync is restarted once and synced again."""
+    weights). An engine that dies in the sync is restarted once and synced again. With
+    ``rl.max_staleness`` ≥ 1 the weights are written and handed to the rollout thread, which loads
+    them between two batches."""
     t0 = time.perf_counter()
     stats = trainer.learner.update(batch, trainer.rng)
     stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
+    if trainer.cfg.max_staleness:  # the rollout thread loads them before its next batch
+        t0 = time.perf_counter()
+        path = trainer.engine.new_weights_path()
+        try:
+            trainer.write_weights(path)
+        except BaseException:
+            shutil.rmtree(path.parent, ignore_errors=True)
+            raise
+        trainer.rollouts_ahead().publish(path, trainer.iteration + 1)
+        stats["time/weight_write_s"] = time.perf_counter() - t0
+        return stats
     try:
         sync_s = trainer.engine.sync_weights(trainer.write_weights)
     except EngineDied as e:
@@ -160,9 +195,14 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     """Record the iteration's metrics (of every rank's episodes); save a resumable state every
     ``rl.checkpoint_every``."""
     trajs = gathered(trajs)
+    staleness = [trainer.iteration - t.policy_version for t in trajs]  # versions behind the learner it trained
+    if max(staleness) > trainer.cfg.max_staleness:
+        raise AssertionError(f"iteration {trainer.iteration + 1} trained on episodes {max(staleness)} versions old "
+                             f"(rl.max_staleness: {trainer.cfg.max_staleness})")
     trainer.iteration += 1
     it, cfg = trainer.iteration, trainer.cfg
-    stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine.stats().items()},
+    stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine_stats.items()},
+             "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
              "iteration": it, "time/rollout_s": trainer.rollout_s,
              "time/iteration_s": time.perf_counter() - trainer.t_start}
     trainer.history.append(stats)
@@ -263,8 +303,13 @@ class RLTrainer:
             log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,
                      files.state)
             self.engine.sync_weights(self.write_weights)  # the engine started from the start model
+        elif engine.syncs_at_start:  # a server run elsewhere serves whatever it was given last
+            self.engine.sync_weights(self.write_weights)
+        self.seed = seed
         self.batch_tasks: list[dict] = []  # this iteration's tasks
         self.t_start, self.rollout_s = time.perf_counter(), 0.0  # this iteration's start, its rollout's time
+        self.engine_stats: dict = {}  # the rollout engine's counters of this iteration's rollout
+        self._ahead = None  # the rollout thread (rl.max_staleness ≥ 1), started by the first rollout
 
     @classmethod
     def from_config(cls, cfg: RunConfig, stage_log: StageLog = NULL_LOG, tracker=None) -> "RLTrainer":
@@ -299,9 +344,24 @@ class RLTrainer:
     def write_weights(self, folder: Path) -> None:
         self.learner.save(folder, self.tokenizer)
 
+    def rollouts_ahead(self):
+        """The rollout thread of ``rl.max_staleness`` ≥ 1 (started at the first call), sampling from
+        this iteration on."""
+        from agent_r1.pipeline.ahead import RolloutsAhead
+
+        if self._ahead is None:
+            self._ahead = RolloutsAhead(self.engine, lambda j, g: _sample_ahead(self, j, g), self.iteration,
+                                        self.cfg.iterations, self.cfg.max_staleness, self.seed)
+        return self._ahead
+
     def close(self) -> None:
-        """Release the engine (stop a vLLM server this run started)."""
-        self.engine.close()
+        """Stop the rollout thread (its requests in flight aborted) and release the engine (stop a
+        vLLM server this run started)."""
+        try:
+            if self._ahead is not None:
+                self._ahead.close()
+        finally:
+            self.engine.close()
 
     def step(self, runner: Runner = DIRECT) -> dict:
         """One RL iteration; returns its metrics."""
@@ -343,12 +403,13 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
     from agent_r1.rollout.vllm_engine import VLLMEngine, shared_engine
 
     vc = cfg.rollout.vllm
-    kw = {"max_concurrency": vc.max_concurrency, "request_timeout_s": vc.request_timeout_s}
-    if vc.url:
+    kw = {"max_concurrency": vc.max_concurrency, "request_timeout_s": vc.request_timeout_s,
+          "weights_dir": vc.weights_dir}
+    if vc.url:  # refused when started from tied embeddings (agent-r1 vllm-model writes an untied folder)
         return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
-    # one server for every rank: rank 0 starts it, the others connect to its url
+    # one server for every rank: rank 0 starts it (from an untied copy), the others connect to its url
     return shared_engine(lambda: _started_engine(cfg, model, tokenizer, model_path, kw),
-                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, **kw))
+                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, check_tied=False, **kw))
 
 
 def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:
@@ -360,7 +421,7 @@ def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_pat
     python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
     args = vllm_server_args(cfg, model)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    weights = served_copy(model_path)
+    weights = served_copy(model_path, vc.weights_dir)
     try:
         server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
                             startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log")

@@ -41,6 +41,10 @@ class RolloutEngine(ABC):
     under the same contract (for tests and docs).
     """
 
+    # the engine's weights are not known to be the learner's when a run starts (a server run elsewhere,
+    # rollout.vllm.url): the trainer syncs them first
+    syncs_at_start: bool = False
+
     @abstractmethod
     def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
 

