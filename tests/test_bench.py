@@ -41,7 +41,8 @@ SMOKE = {
                    "ratio_1_over_1_ranks_s_per_iteration:"),
 }
 # run by the tests below with arguments they build (a model folder, a finished run), or slow
-BUILT = {"shared_prefix.py", "kv_reuse.py --run", "pipeline_overhead.py", "rollout.py --engines hf vllm"}
+BUILT = {"shared_prefix.py", "kv_reuse.py --run", "pipeline_overhead.py", "rollout.py --engines hf vllm",
+         "async_rollout.py"}
 ELSEWHERE = {
     "gpu_learning.sh": "tests/test_bench_gpu_learning.py",
     "peer_trl.py": "tests/test_bench_peer_trl.py",
@@ -120,16 +121,32 @@ def test_pipeline_overhead_runs_one_iteration():
     assert "pipeline overhead" in out and "DVC" in out
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_rollout_engines_hf_and_vllm_at_smoke_scale():
-    """``bench/rollout.py --engines hf vllm`` (the README's vLLM/HF ratio) on the tiny model: a
-    vLLM server started as the pipeline starts it, with the config's defaults."""
+def _needs_vllm() -> None:
     from agent_r1.rollout.vllm_server import DEFAULT_PYTHON
 
     if not DEFAULT_PYTHON.exists():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI: {DEFAULT_PYTHON} is missing: `make test` builds it with `make vllm`")
         pytest.skip(f"no vLLM environment ({DEFAULT_PYTHON}): run `make vllm`")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_rollout_engines_hf_and_vllm_at_smoke_scale():
+    """``bench/rollout.py --engines hf vllm`` (the README's vLLM/HF ratio) on the tiny model: a
+    vLLM server started as the pipeline starts it, with the config's defaults."""
+    _needs_vllm()
     out = bench("rollout.py", ["--engines", "hf", "vllm", "--smoke", "--long-n", "2", "--threads", "1"], timeout=1200)
     assert out.strip().splitlines()[-1].startswith("ratio_vllm_over_hf_tokens_per_s: ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_async_rollout_compares_eta_0_1_2_at_smoke_scale():
+    """``bench/async_rollout.py`` at smoke scale: the data and SFT once, then RL with the vLLM
+    engine at η = 0, 1, 2; each row stays within its staleness bound; the last line is the ratio."""
+    _needs_vllm()
+    out = bench("async_rollout.py", ["--smoke", "--iterations", "3", "--tasks", "2", "--group-size", "2"], timeout=1200)
+    rows = {int(line.split()[0]): line.split() for line in out.splitlines() if line[:3].strip() in ("0", "1", "2")}
+    assert sorted(rows) == [0, 1, 2] and [int(rows[e][4]) for e in (0, 1, 2)] == [0, 1, 2], out
+    assert out.strip().splitlines()[-1].startswith("async_speedup_eta1_over_eta0: ")

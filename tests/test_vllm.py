@@ -328,17 +328,17 @@ def test_train_with_vllm_restarts_a_failing_server_and_leaves_none(tmp_path):
     assert len(history) == 3 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
 
 
-def _scratch_tiny(folder: Path) -> None:
+def _scratch_tiny(folder: Path, iterations: int = 2) -> None:
     """A folder to run `.venv/bin/agent-r1 train -p tiny ...` in, as written: its pipelines.yaml has
-    the repo's `tiny` pipeline at test sizes (head size 32, as vLLM's CPU attention needs) with no
-    vLLM or precision key (the defaults), and `.venv` is this venv."""
+    the repo's `tiny` pipeline at test sizes (head size 32, as vLLM's CPU attention needs; ``iterations``
+    RL iterations) with no vLLM or precision key (the defaults), and `.venv` is this venv."""
     import yaml
 
     from agent_r1.config import parse_overrides
     from agent_r1.dicts import deep_merge
     from tests.test_dvc import repo_pipeline
 
-    sizes = [s for s in TRAIN if not s.startswith(("model.precision", "rollout."))] + ["rl.iterations=2"]
+    sizes = [s for s in TRAIN if not s.startswith(("model.precision", "rollout."))] + [f"rl.iterations={iterations}"]
     tiny = deep_merge(repo_pipeline("tiny"), parse_overrides(sizes))
     assert "rollout" not in tiny and tiny["model"].get("precision", "auto") == "auto"
     (folder / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, sort_keys=False))
@@ -398,6 +398,7 @@ def test_two_ranks_train_with_one_vllm_server(tmp_path):
 
 
 README_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm"
+README_ASYNC = f"{README_VLLM} -s rl.max_staleness=1"  # run by tests/test_vllm_async.py
 
 
 def readme_vllm_commands() -> list[str]:
@@ -413,7 +414,7 @@ def test_the_readme_vllm_command_runs_as_written(tmp_path):
     the config's defaults (model.precision auto, rollout.vllm.max_model_len derived, tracked in
     MLflow), in a scratch folder whose `tiny` pipeline has test sizes (head size 32, as vLLM's CPU
     attention needs) and no vLLM or precision key: it runs to eval.json and leaves no server."""
-    assert [c.strip() for c in readme_vllm_commands()] == [README_VLLM]
+    assert [c.strip() for c in readme_vllm_commands()] == [README_VLLM, README_ASYNC]
     _scratch_tiny(tmp_path)
     env = os.environ | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     with open(tmp_path / "train.log", "w") as log:

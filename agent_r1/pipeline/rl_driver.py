@@ -62,6 +62,7 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     if cfg.max_staleness:
         got = trainer.rollouts_ahead().take(trainer.iteration)
         trainer.batch_tasks, trainer.rollout_s, trainer.engine_stats = got.tasks, got.rollout_s, got.engine_stats
+        trainer.rollout_wait_s = time.perf_counter() - trainer.t_start
         return got.trajs
     pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
     trainer.batch_tasks = [trainer.tasks[i] for i in pick]
@@ -75,7 +76,7 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
     for t in trajs:
         t.policy_version = trainer.iteration
     trainer.engine_stats = trainer.engine.stats()
-    trainer.rollout_s = time.perf_counter() - trainer.t_start
+    trainer.rollout_s = trainer.rollout_wait_s = time.perf_counter() - trainer.t_start
     return trajs
 
 
@@ -203,7 +204,7 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     it, cfg = trainer.iteration, trainer.cfg
     stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine_stats.items()},
              "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
-             "iteration": it, "time/rollout_s": trainer.rollout_s,
+             "iteration": it, "time/rollout_s": trainer.rollout_s, "time/rollout_wait_s": trainer.rollout_wait_s,
              "time/iteration_s": time.perf_counter() - trainer.t_start}
     trainer.history.append(stats)
     trainer.log.metrics(stats, it)
@@ -308,6 +309,7 @@ class RLTrainer:
         self.seed = seed
         self.batch_tasks: list[dict] = []  # this iteration's tasks
         self.t_start, self.rollout_s = time.perf_counter(), 0.0  # this iteration's start, its rollout's time
+        self.rollout_wait_s = 0.0  # how long the iteration waited for its rollout (less than it took, when ahead)
         self.engine_stats: dict = {}  # the rollout engine's counters of this iteration's rollout
         self._ahead = None  # the rollout thread (rl.max_staleness ≥ 1), started by the first rollout
 
