@@ -232,7 +232,7 @@ def test_a_server_without_dev_mode_names_it(tied_server, tok, tmp_path):
     from agent_r1.learner import save_hf_checkpoint
     from tests.test_vllm import _policy
 
-    engine = VLLMEngine(tok.eos_token_id, url=tied_server.url, weights_dir=tmp_path / "w", check_tied=False)
+    engine = VLLMEngine(tok.eos_token_id, url=tied_server.url, weights_dir=tmp_path / "w", ours=True)
     with pytest.raises(RuntimeError, match=r"HTTP 404.*start it with VLLM_SERVER_DEV_MODE=1"):
         engine.sync_weights(lambda folder: save_hf_checkpoint(_policy(tok, 3), folder, tok))
     assert not any((tmp_path / "w").iterdir())

@@ -90,8 +90,10 @@ class RolloutsAhead:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self.engine.abort()
-        self._thread.join(timeout=60)
+        t0 = time.monotonic()
+        while self._thread.is_alive() and time.monotonic() - t0 < 60:
+            self.engine.abort()  # again and again: the thread may be between two turns' requests
+            self._thread.join(timeout=0.2)
         if self._thread.is_alive():
             log.warning("the rollout thread did not stop within 60 s")
         if self._pending is not None:

@@ -411,7 +411,7 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
         return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
     # one server for every rank: rank 0 starts it (from an untied copy), the others connect to its url
     return shared_engine(lambda: _started_engine(cfg, model, tokenizer, model_path, kw),
-                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, check_tied=False, **kw))
+                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, ours=True, **kw))
 
 
 def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:

@@ -270,15 +270,16 @@ class VLLMEngine(RolloutEngine):
     the server was started from (:func:`served_copy`), deleted at the next sync or :meth:`close`.
     ``weights_dir``: where syncs write the weights (:func:`weights_dir`; ``rollout.vllm.weights_dir``).
     A ``url`` server started from a folder with tied embeddings is refused (:func:`refuse_tied`)
-    unless ``check_tied`` is off (the server a rank 0 started from its untied copy)."""
+    and synced when a run starts, unless ``ours`` (the server this run's rank 0 started, from an
+    untied copy of the start model, which another rank connects to)."""
 
     def __init__(self, eos_id: int, *, server: VLLMServer | None = None, url: str | None = None,
                  max_concurrency: int = 64, request_timeout_s: float = 600.0, weights: Path | None = None,
-                 weights_dir: str | Path | None = None, check_tied: bool = True):
+                 weights_dir: str | Path | None = None, ours: bool = False):
         if (server is None) == (url is None):
             raise ValueError("VLLMEngine: give a server to start or the url of a running one (not both)")
         self.server, self.eos_id, self.weights_dir = server, eos_id, weights_dir
-        self.syncs_at_start = url is not None
+        self.syncs_at_start = url is not None and not ours
         self.max_concurrency, self.request_timeout_s = max_concurrency, request_timeout_s
         self._weights = weights  # the last synced weights, owned (a restarted server loads them)
         self._inflight: _Requests | None = None  # the requests of the batch being generated
@@ -295,7 +296,7 @@ class VLLMEngine(RolloutEngine):
         models = self._models()
         lens = [m.get("max_model_len") for m in models if m.get("max_model_len")]
         self.max_model_len = int(lens[0]) if lens else None  # the server's context length (None: it does not say)
-        if url is not None and check_tied:
+        if url is not None and not ours:
             try:
                 refuse_tied(self.url, models)
             except BaseException:
