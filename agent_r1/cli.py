@@ -426,7 +426,6 @@ def vllm_model(
     print the command that starts the server with the options the pipeline's own server would get."""
     _quiet_libraries()
     import shlex
-    from types import SimpleNamespace
 
     from transformers import AutoConfig
 
@@ -435,7 +434,7 @@ def vllm_model(
 
     cfg = _config(pipeline, config_file, overrides)
     folder = served_model(cfg.model.name_or_path or _start_path(cfg), folder.absolute())
-    args = vllm_server_args(cfg, SimpleNamespace(config=AutoConfig.from_pretrained(folder)))
+    args = vllm_server_args(cfg, AutoConfig.from_pretrained(folder))
     server = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), *args,
               "--host", "0.0.0.0", "--port", "8000"]
     typer.echo(f"wrote {folder} (untied); start the server from it (VLLM_SERVER_DEV_MODE=1 opens its weight-sync "

@@ -78,10 +78,10 @@ def test_the_readme_vllm_command_starts_its_server_with_the_defaults(tmp_path, m
     from agent_r1.pipeline.rl_driver import vllm_server_args
 
     model.config.max_position_embeddings = 512  # fewer positions than the episode budget: capped
-    assert _option(vllm_server_args(cfg, model), "--max-model-len") == "512"
+    assert _option(vllm_server_args(cfg, model.config), "--max-model-len") == "512"
     explicit = _tiny_vllm(vllm={"max_model_len": 1024})
     explicit = explicit.model_copy(update={"model": explicit.model.model_copy(update={"precision": "bf16"})})
-    args = vllm_server_args(explicit, model)
+    args = vllm_server_args(explicit, model.config)
     assert _option(args, "--max-model-len") == "1024" and _option(args, "--dtype") == "bfloat16"
 
 

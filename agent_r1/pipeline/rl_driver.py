@@ -421,7 +421,7 @@ def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_pat
 
     vc = cfg.rollout.vllm
     python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
-    args = vllm_server_args(cfg, model)
+    args = vllm_server_args(cfg, model.config)
     cfg.out.mkdir(parents=True, exist_ok=True)
     weights = served_copy(model_path, vc.weights_dir)
     try:
@@ -437,17 +437,17 @@ def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_pat
     return engine
 
 
-def vllm_server_args(cfg: RunConfig, model: torch.nn.Module) -> list[str]:
+def vllm_server_args(cfg: RunConfig, model_config) -> list[str]:
     """The options of the vLLM server this run starts: its dtype is what the run computes in
     (:func:`~agent_r1.pipeline.state.computed_precision`: ``model.precision: auto`` is fp32 on a
     CPU, bf16 on a GPU that supports it), its context length ``rollout.vllm.max_model_len`` or,
     when null, ``env.max_context_tokens`` (no episode's context grows past it) capped by the
-    model's ``max_position_embeddings``."""
+    ``max_position_embeddings`` of ``model_config`` (the model's HF config)."""
     from agent_r1.rollout.vllm_engine import server_args
 
     vc = cfg.rollout.vllm
     dtype = {"fp32": "float32", "bf16": "bfloat16"}[computed_precision(cfg)]
-    positions = getattr(model.config, "max_position_embeddings", None) or cfg.env.max_context_tokens
+    positions = getattr(model_config, "max_position_embeddings", None) or cfg.env.max_context_tokens
     max_model_len = vc.max_model_len or min(cfg.env.max_context_tokens, positions)
     return server_args(dtype, max_model_len, (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
 
