@@ -60,6 +60,13 @@ def test_the_weight_is_pi_prox_over_pi_behav_truncated_or_masked_at_the_cap(tok,
     b, prox = _batch(tok, math.log(1.5))
     b.behaviour_logprobs = None  # synchronous: no correction, whatever the mode
     assert off_policy_weights(prox, b, cfg)[0] is b.advantages
+    if mode != "none":  # rl.loss_mask off: the observation tokens, never sampled, keep weight 1
+        b, prox = _batch(tok, math.log(4.0))
+        b.loss_mask = b.attention_mask.float()
+        b.advantages = b.loss_mask.clone()
+        obs = b.loss_mask.bool() & ~b.action_mask.bool()
+        adv, mask, _ = off_policy_weights(prox, b, cfg)
+        assert obs.any() and torch.equal(adv[obs], b.advantages[obs]) and mask[obs].all()
 
 
 def _update(make_model, tok, batch, correction: str) -> tuple[dict, dict]:

@@ -284,6 +284,7 @@ def off_policy_weights(prox: torch.Tensor, mb: TrainBatch, cfg: LearnerConfig) -
     if mb.behaviour_logprobs is None or mode == "none":
         return mb.advantages, mask, {}
     w = torch.exp((prox - mb.behaviour_logprobs).clamp(-20.0, 20.0)).detach()
+    w = torch.where(mb.action_mask.bool(), w, 1.0)  # tokens it did not sample (rl.loss_mask off) keep weight 1
     over = (w > cfg.is_cap) & mask.bool()
     if mode == "tis":
         w = w.clamp(max=cfg.is_cap)
