@@ -148,5 +148,6 @@ def test_async_rollout_compares_eta_0_1_2_at_smoke_scale():
     _needs_vllm()
     out = bench("async_rollout.py", ["--smoke", "--iterations", "3", "--tasks", "2", "--group-size", "2"], timeout=1200)
     rows = {int(line.split()[0]): line.split() for line in out.splitlines() if line[:3].strip() in ("0", "1", "2")}
-    assert sorted(rows) == [0, 1, 2] and [int(rows[e][4]) for e in (0, 1, 2)] == [0, 1, 2], out
+    # the largest staleness stays within each row's bound (how far ahead the thread got depends on timing)
+    assert sorted(rows) == [0, 1, 2] and all(int(rows[e][4]) <= e for e in rows) and rows[0][4] == "0", out
     assert out.strip().splitlines()[-1].startswith("async_speedup_eta1_over_eta0: ")
