@@ -419,10 +419,10 @@ class VLLMEngine(RolloutEngine):
         return weights_dir(self.weights_dir) / "model"
 
     def load_weights(self, path: Path) -> None:
-        """Have the server load the HF folder ``path`` (from :meth:`new_weights_path`; this engine then owns
-        its folder: deleted at the next load or :meth:`close`, kept
-        until then so that a restarted server starts from it) and clear its prefix cache. On N ranks
-        every rank calls it, rank 0 posts the reload."""
+        """Have the server load the HF folder ``path`` (from :meth:`new_weights_path`) and clear its
+        prefix cache. The engine then owns the folder: it is deleted at the next load or at
+        :meth:`close`, and kept until then, so that a restarted server starts from it. On N ranks
+        every rank calls it; rank 0 posts the reload."""
         from agent_r1.learner.distributed import is_main
 
         def reload() -> None:
