@@ -194,3 +194,54 @@ def test_the_docs_say_what_the_code_does():
     assert "the learner runs one process today" not in running
     assert "without `rollout.vllm.url` the run is refused" not in running and "does not work yet" not in running
     assert "one server for every rank, started by rank 0" in running and "one weight sync per update" in running
+
+
+def test_the_server_dies_with_its_watchdog_even_when_the_watchdog_is_sigkilled():
+    """The watchdog (vllm_server.py --watch) ends the server's group when the trainer dies; when the
+    watchdog itself is SIGKILLed (a `pkill -9 -f agent_r1` matches it), the kernel kills the server
+    (PR_SET_PDEATHSIG). A sleeping Python stands in for the server."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from agent_r1.rollout import vllm_server
+
+    cmd = [sys.executable, vllm_server.__file__, "--watch", str(os.getpid()), "--", sys.executable, "-c",
+           "import time; time.sleep(600)"]
+    watchdog = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        t0, child = time.monotonic(), None
+        while child is None and time.monotonic() - t0 < 30:
+            child = next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                          and _ppid(p) == watchdog.pid), None)
+            time.sleep(0.05)
+        assert child, "the watchdog started no server"
+        os.kill(watchdog.pid, signal.SIGKILL)
+        watchdog.wait()
+        t0 = time.monotonic()
+        while Path(f"/proc/{child}").exists() and _state(child) != "Z" and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{child}").exists() or _state(child) == "Z", "the server outlived its SIGKILLed watchdog"
+    finally:
+        if watchdog.poll() is None:
+            os.killpg(watchdog.pid, signal.SIGKILL)
+
+
+def _stat(pid_dir: Path) -> list[str]:
+    stat = (pid_dir / "stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _ppid(pid_dir: Path) -> int | None:
+    try:
+        return int(_stat(pid_dir)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _state(pid: int) -> str:
+    try:
+        return _stat(Path(f"/proc/{pid}"))[0]
+    except (OSError, IndexError):
+        return "gone"

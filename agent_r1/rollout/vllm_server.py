@@ -8,7 +8,8 @@ log lines) and stops it on every exit path:
   process group (vLLM runs its engine core in a child process);
 - a watchdog — this file run as a script by the vLLM environment's Python, the leader of the
   server's process group — ends the group when the trainer dies, SIGKILL included: it polls
-  its parent's pid. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started the server
+  its parent's pid; the server dies with the watchdog too (``PR_SET_PDEATHSIG``), should the
+  watchdog itself be SIGKILLed. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started the server
   ends, e.g. a Prefect task's worker thread.)
 
 This module imports only the standard library at module level: the watchdog runs under the vLLM
@@ -157,8 +158,9 @@ def _end_group(pgid: int, grace_s: float, ended) -> None:
 
 def _watch(parent: int, cmd: list[str]) -> int:
     """Run ``cmd`` in this process group; end the group when ``parent`` dies, on SIGTERM, or
-    when ``cmd`` exits. Returns ``cmd``'s exit code."""
-    child = subprocess.Popen(cmd)
+    when ``cmd`` exits. Returns ``cmd``'s exit code. ``cmd`` is SIGKILLed by the kernel when this
+    watchdog dies, SIGKILL included (:func:`_dies_with`)."""
+    child = subprocess.Popen(cmd, preexec_fn=_dies_with(os.getpid()))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
@@ -171,6 +173,25 @@ def _watch(parent: int, cmd: list[str]) -> int:
     print(f"vllm_server watchdog: {why}; ending the server's process group", file=sys.stderr, flush=True)
     _end_group(os.getpgid(0), 10.0, lambda: child.poll() is not None)  # SIGKILLs this process last
     return code if code is not None else 1
+
+
+def _dies_with(watchdog: int):
+    """What the server runs before its exec: ``PR_SET_PDEATHSIG`` SIGKILL, so that it dies with the
+    watchdog (one thread: the signal follows the process) even when the watchdog is SIGKILLed and
+    cannot end the group itself (e.g. by a ``pkill -9`` that matches it); it exits at once if the
+    watchdog is already gone. Linux only; elsewhere nothing."""
+
+    def run() -> None:
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != watchdog:
+            os._exit(1)
+
+    return run
 
 
 if __name__ == "__main__":  # the watchdog: vllm_server.py --watch PARENT_PID -- COMMAND...
