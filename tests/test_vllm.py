@@ -228,10 +228,7 @@ def test_server_dies_with_its_owner(served):
     assert pgid and len(_group(pgid)) >= 2
     owner.kill()
     owner.wait()
-    t0 = time.monotonic()
-    while _group(pgid) and time.monotonic() - t0 < 30:
-        time.sleep(0.2)
-    assert not _group(pgid), "a vLLM server outlived its SIGKILLed owner"
+    assert _group_ends(pgid), "a vLLM server outlived its SIGKILLed owner"
 
 
 def _group(pgid: int) -> list[int]:
@@ -246,6 +243,14 @@ def _group(pgid: int) -> list[int]:
         except (OSError, ValueError):
             pass
     return out
+
+
+def _group_ends(pgid: int, timeout_s: float = 30) -> bool:
+    """Whether process group ``pgid`` is gone within ``timeout_s`` (a server's, after its trainer died)."""
+    t0 = time.monotonic()
+    while _group(pgid) and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.2)
+    return not _group(pgid)
 
 
 def _watchdog_of(parent: int) -> int | None:

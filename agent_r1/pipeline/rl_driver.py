@@ -64,8 +64,7 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
         trainer.batch_tasks, trainer.rollout_s, trainer.engine_stats = got.tasks, got.rollout_s, got.engine_stats
         trainer.rollout_wait_s = time.perf_counter() - trainer.t_start
         return got.trajs
-    pick = torch.randperm(len(trainer.tasks), generator=trainer.rng)[: cfg.tasks_per_iteration].tolist()
-    trainer.batch_tasks = [trainer.tasks[i] for i in pick]
+    trainer.batch_tasks = _draw_tasks(trainer, trainer.rng)
     rng = torch.get_rng_state()
 
     def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process), from the same seeds
@@ -94,9 +93,14 @@ def _episodes(trainer: "RLTrainer", tasks: list[dict], generator: torch.Generato
 def _sample_ahead(trainer: "RLTrainer", j: int, generator: torch.Generator) -> tuple[list[Trajectory], list[dict]]:
     """Iteration ``j``'s tasks and episodes for :class:`~agent_r1.pipeline.ahead.RolloutsAhead`, both
     drawn from ``generator`` (the iteration's own)."""
-    pick = torch.randperm(len(trainer.tasks), generator=generator)[: trainer.cfg.tasks_per_iteration].tolist()
-    tasks = [trainer.tasks[i] for i in pick]
+    tasks = _draw_tasks(trainer, generator)
     return _episodes(trainer, tasks, generator), tasks
+
+
+def _draw_tasks(trainer: "RLTrainer", generator: torch.Generator) -> list[dict]:
+    """``tasks_per_iteration`` of the trainer's tasks, drawn without replacement with ``generator``."""
+    pick = torch.randperm(len(trainer.tasks), generator=generator)[: trainer.cfg.tasks_per_iteration].tolist()
+    return [trainer.tasks[i] for i in pick]
 
 
 def _with_one_restart(trainer: "RLTrainer", run) -> list[Trajectory]:
