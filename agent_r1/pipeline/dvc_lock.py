@@ -35,6 +35,38 @@ def _dvc_pipeline(dvc_yaml: Path) -> str | None:
     return None
 
 
+def untracked_inherited_keys(pipeline: str, dvc_yaml: Path = Path("dvc.yaml"),
+                             config_file: Path = Path("pipelines.yaml")) -> str | None:
+    """Why DVC may not run ``pipeline`` (None: it may): a pipeline built with ``extends`` must
+    write out every pipelines.yaml key that dvc.yaml tracks as a param. DVC reads the params from
+    the file as written and fails on a missing one, at the stage that tracks it: after the
+    stages before it ran."""
+    if not config_file.is_file():
+        return None
+    own = ((yaml.safe_load(config_file.read_text()) or {}).get("pipelines") or {}).get(pipeline) or {}
+    if "extends" not in own:
+        return None
+    prefix, missing = f"pipelines.{pipeline}.", []
+    for stage in (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {}).values():
+        for entry in stage.get("params") or []:
+            if isinstance(entry, dict) and Path(next(iter(entry))).name == config_file.name:
+                keys = [k.replace("${pipeline}", pipeline)[len(prefix):] for k in next(iter(entry.values()))]
+                missing += [k for k in keys if not _written(own, k.split("."))]
+    if not missing:
+        return None
+    return (f"pipeline {pipeline!r} extends {own['extends']!r} and does not write out the {config_file.name} keys "
+            f"{dvc_yaml.name} tracks as params: {', '.join(dict.fromkeys(missing))}; write them out under "
+            f"pipelines.{pipeline} (as the textworld pipeline does) or run it without DVC: agent-r1 train -p {pipeline}")
+
+
+def _written(d, keys: list[str]) -> bool:
+    for key in keys:
+        if not isinstance(d, dict) or key not in d:
+            return False
+        d = d[key]
+    return True
+
+
 def why_not_recorded(cfg: RunConfig, config_file: str | Path | None, overrides: list[str] | dict | None) -> str | None:
     """Why this run's outputs may not go into dvc.lock (None: they may)."""
     if not (Path("dvc.yaml").is_file() and Path(".dvc").is_dir()):
