@@ -339,7 +339,7 @@ def main(argv=None) -> None:
         msg = msg or "contended"
     mfus = ", ".join(f"{r[0]} {r[1]} ({r[3]} threads) {r[10]}" for r in main_rows)
     verdict = f"not judged: see the warning/note ({mfus})" if msg else mfus
-    console.print(f"issue goal: MFU >= 40% of the same-dtype matmul rate -> {verdict}")
+    console.print(f"goal: MFU >= 40% of the same-dtype matmul rate -> {verdict}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # One machine, shared servers: an MLflow tracking server and a Prefect server, bound to 127.0.0.1.
 #
 #   infra/local.sh up       start both (if not running), wait until healthy, print the exports
-#   infra/local.sh env      print the exports:  eval "$(infra/local.sh env)"
+#   infra/local.sh env      print the exports (and the venv first on PATH):  eval "$(infra/local.sh env)"
 #   infra/local.sh status   health of both
 #   infra/local.sh down     stop both
 #
@@ -110,6 +110,7 @@ export PREFECT_API_URL=$PREFECT_URL
 export PREFECT_HOME=$PREFECT_HOME
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export MLFLOW_DISABLE_TELEMETRY=true
+export PATH="$VENV/bin:\$PATH"
 EOF
 }
 

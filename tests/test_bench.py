@@ -29,13 +29,13 @@ TINY_MODEL = ["--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "
 SMOKE = {
     "rollout.py": (["--n", "4", "--serial-n", "2", "--batch-sizes", "2", "4", "--min-ctx", "20", "--max-ctx", "40",
                     "--max-new-tokens", "4", "--repeats", "1", "--threads", "1", "--budget-s", "30", *TINY_MODEL],
-                   "issue goal: batched/serial ratio"),
+                   "goal: batched/serial ratio"),
     "rollout.py --engines hf": (["--engines", "hf", "--smoke", "--long-n", "2", "--threads", "1"], "hf    long-context"),
     "kv_reuse.py": (["--model", "tiny", "--episodes", "2", "--turns", "2", "--max-new-tokens", "4", "--repeats", "1",
                      "--threads", "1"], "ratio_wall_full_over_reuse:"),
     "learner.py": (["--models", "32,1,2,1,64", "--batch", "2", "--seq", "32", "--prompt", "4", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--threads", "1", "--mm", "64", "--mm-reps", "1",
-                    "--breakdown-reps", "1", "--budget-s", "30"], "issue goal: MFU"),
+                    "--breakdown-reps", "1", "--budget-s", "30"], "goal: MFU"),
     # one whole tiny pipeline run (agent-r1 train --nproc 1) at its test sizes: ~10 s
     "scaling.py": (["--ranks", "1", "--iterations", "2", "--tasks", "2", "--group-size", "2"],
                    "ratio_1_over_1_ranks_s_per_iteration:"),

@@ -61,3 +61,11 @@ def test_dvc_repro_of_an_extending_pipeline_fails_with_the_keys(tmp_path):
     assert "pipeline 'quick' extends 'default' and does not write out the pipelines.yaml keys" in r.stdout + r.stderr
     assert "seed, model, env, sft" in r.stdout + r.stderr
     assert not (repo / "outputs" / "quick" / "data").exists()
+
+
+def test_local_sh_env_puts_the_venv_on_path():
+    """infra/README's commands (`agent-r1`, `prefect`, `python`) run after `eval "$(infra/local.sh env)"`."""
+    venv = BIN.parent
+    found = subprocess.run(["bash", "-c", f'eval "$({ROOT}/infra/local.sh env)" && command -v agent-r1 prefect python'],
+                           env={"PATH": "/usr/bin:/bin", "VENV": str(venv)}, capture_output=True, text=True, check=True)
+    assert found.stdout.split() == [str(venv / "bin" / name) for name in ("agent-r1", "prefect", "python")]
