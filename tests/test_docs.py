@@ -203,6 +203,7 @@ def test_textworld_comment_states_its_turns_and_window():
 
 
 # ------------------------------------------------------------------ the walkthrough runs
+@pytest.mark.slow  # ~30 s: the RLTrainer block imports DeepSpeed and trains two iterations
 def test_extending_code_runs_as_written(tmp_path):
     """docs/extending.md's ```python blocks, in order, as one script: each `print(...)  # value`
     prints that value, and the RLTrainer block ends with two iterations' metrics."""
