@@ -202,6 +202,23 @@ def test_textworld_comment_states_its_turns_and_window():
     assert f"up to {turns} turns, with a sliding\n  # window of the last turn" in text and window == 1
 
 
+def test_readme_first_screen():
+    """The README's first 40 lines: what it is (the paper), the two commands, what you get and
+    where to go next; no dated measurement."""
+    head = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    for needed in ("arxiv.org/abs/2511.14460", "make run", "make test", "## What you get", "Next:", "docs/extending.md"):
+        assert needed in head, needed
+    assert not re.search(r"20\d\d-\d\d-\d\d", head)
+
+
+def test_no_development_history_in_user_docs():
+    pages = [p for p in PAGES if not p.startswith("examples/")]
+    for page in pages:
+        text = (ROOT / page).read_text()
+        found = re.findall(r"(?i)this session|the session's|reviewer|this round|the round before|issue goal|issue \d+", text)
+        assert not found, f"{page}: {found}"
+
+
 # ------------------------------------------------------------------ the walkthrough runs
 @pytest.mark.slow  # ~30 s: the RLTrainer block imports DeepSpeed and trains two iterations
 def test_extending_code_runs_as_written(tmp_path):
