@@ -41,22 +41,22 @@ def _batch(tok, shift: float):
 
 
 @pytest.mark.parametrize("mode", ["tis", "decoupled", "none"])
-def test_the_weight_is_pi_prox_over_pi_behav_truncated_or_masked_at_the_cap(tok, mode):
+def test_the_weight_is_pi_prox_over_pi_behav_truncated_or_zeroed_at_the_cap(tok, mode):
     cfg = LearnerConfig(off_policy_correction=mode, is_cap=2.0)
     act = _batch(tok, 0.0)[0].loss_mask.bool()
     for shift, w in ((math.log(1.5), 1.5), (math.log(4.0), 4.0)):  # under and over the cap
         b, prox = _batch(tok, shift)
-        adv, mask, metrics = off_policy_weights(prox, b, cfg)
+        adv, metrics = off_policy_weights(prox, b, cfg)
         if mode == "none":
-            assert adv is b.advantages and mask is b.loss_mask and metrics == {}
+            assert adv is b.advantages and metrics == {}
         elif w < 2:
-            assert torch.allclose(adv[act], torch.full_like(adv[act], w)) and torch.equal(mask, b.loss_mask)
+            assert torch.allclose(adv[act], torch.full_like(adv[act], w))
             assert metrics[f"is_{'truncated' if mode == 'tis' else 'masked'}_share"] == 0.0
         elif mode == "tis":  # truncated to the cap, every token still trained on
-            assert torch.allclose(adv[act], torch.full_like(adv[act], 2.0)) and torch.equal(mask, b.loss_mask)
+            assert torch.allclose(adv[act], torch.full_like(adv[act], 2.0))
             assert metrics["is_truncated_share"] == 1.0
-        else:  # decoupled: tokens over the cap leave the loss
-            assert not mask.any() and not adv.any() and metrics["is_masked_share"] == 1.0
+        else:  # decoupled: tokens over the cap weigh 0 (and stay in the loss mask, the loss's denominator)
+            assert not adv.any() and metrics["is_masked_share"] == 1.0 and metrics["is_weight_mean"] == 0.0
     b, prox = _batch(tok, math.log(1.5))
     b.behaviour_logprobs = None  # synchronous: no correction, whatever the mode
     assert off_policy_weights(prox, b, cfg)[0] is b.advantages
@@ -65,8 +65,40 @@ def test_the_weight_is_pi_prox_over_pi_behav_truncated_or_masked_at_the_cap(tok,
         b.loss_mask = b.attention_mask.float()
         b.advantages = b.loss_mask.clone()
         obs = b.loss_mask.bool() & ~b.action_mask.bool()
-        adv, mask, _ = off_policy_weights(prox, b, cfg)
-        assert obs.any() and torch.equal(adv[obs], b.advantages[obs]) and mask[obs].all()
+        adv, _ = off_policy_weights(prox, b, cfg)
+        assert obs.any() and torch.equal(adv[obs], b.advantages[obs])
+
+
+def test_decoupled_gives_the_same_update_whatever_the_micro_batching(tok, make_model):
+    """Some tokens of each row are sampled with a weight over the cap: the update through
+    Learner.update() is the same with one micro-batch and with one row per micro-batch (the tokens
+    weigh 0 and keep their place in the loss's denominator, which the accumulation weighs by)."""
+    learner = Learner(make_model(seed=7), LearnerConfig(), precision="fp32")
+    batch = build_train_batch(learner, make_trajs(seed=3, n=6), RLConfig(group_size=2), tok.pad_token_id)
+    over = torch.rand(batch.loss_mask.shape, generator=torch.Generator().manual_seed(0)) < 0.4
+    batch.behaviour_logprobs = learner.logprobs(batch) - torch.where(over, math.log(4.0), 0.0)
+    results = []
+    for budget in (10**6, 1):
+        learner = Learner(make_model(seed=7), LearnerConfig(micro_batch_tokens=budget, lr=1e-3, is_cap=2.0,
+                                                            off_policy_correction="decoupled"), precision="fp32")
+        grads = {n: torch.zeros_like(p) for n, p in learner.model.named_parameters()}
+
+        def keep(g, n):
+            grads[n].add_(g)  # and return None: a returned tensor would replace the gradient
+
+        hooks = [p.register_hook(lambda g, n=n: keep(g, n)) for n, p in learner.model.named_parameters()]
+        before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+        stats = learner.update(copy.copy(batch))
+        for h in hooks:
+            h.remove()
+        results.append((stats, grads, {n: p.detach() - before[n] for n, p in learner.model.named_parameters()}))
+    (stats_a, grads_a, delta_a), (stats_b, grads_b, delta_b) = results
+    assert 0.2 < stats_a["policy/is_masked_share"] < 0.6
+    for n in grads_a:
+        torch.testing.assert_close(grads_b[n], grads_a[n], rtol=1e-4, atol=1e-7)
+        clear = grads_a[n].abs() > 1e-6  # AdamW's first step, where the gradient's sign is not rounding noise
+        torch.testing.assert_close(delta_b[n][clear], delta_a[n][clear], rtol=1e-3, atol=1e-7)
+    assert stats_b["policy/pg_loss"] == pytest.approx(stats_a["policy/pg_loss"], rel=1e-5)
 
 
 def _update(make_model, tok, batch, correction: str) -> tuple[dict, dict]:
