@@ -536,6 +536,9 @@ def _staleness_problems(cfg: RunConfig) -> list[str]:
     if (cfg.rl.rollout_shards or 1) > 1:
         out.append("rl.rollout_shards: rollouts ahead of the learner (rl.max_staleness ≥ 1) sample each batch as one "
                    "shard; leave it null")
+    if cfg.env.context_kwargs.get("summarize") == "policy":
+        out.append("env.context_kwargs.summarize: 'policy' writes summaries with the learner's model, which the update "
+                   "changes while rollouts run ahead (rl.max_staleness ≥ 1); use rl.max_staleness: 0 or another summarize")
     return out
 
 

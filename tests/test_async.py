@@ -322,4 +322,9 @@ def test_the_config_refuses_what_cannot_run_ahead():
     with pytest.raises(ConfigError, match="rl.rollout_shards"):
         load_config("tiny", ROOT / "pipelines.yaml",
                     {"rl": {"max_staleness": 1, "rollout_shards": 2}, "rollout": {"engine": "vllm"}})
+    summary = {"context": "summary", "context_kwargs": {"summarize": "policy"}}
+    with pytest.raises(ConfigError, match=r"env.context_kwargs.summarize: 'policy' .*rl.max_staleness ≥ 1\)"):
+        load_config("tiny", ROOT / "pipelines.yaml",
+                    {"rl": {"max_staleness": 1}, "rollout": {"engine": "vllm"}, "env": summary})
     assert load_config("tiny", ROOT / "pipelines.yaml", {"rl": {"max_staleness": 2}, "rollout": {"engine": "vllm"}})
+    assert load_config("tiny", ROOT / "pipelines.yaml", {"env": summary})  # synchronous: the policy writes them
