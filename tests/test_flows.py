@@ -109,8 +109,8 @@ def test_training_flow_runs_every_stage_and_registers(trained):
     assert [step for step, _ in tracker.metric_history(stages["train"], "reward_mean")] == [1, 2]
     assert tracker.run_info(stages["prepare"])["params"]["data_version"] == result["data_version"]
     assert [v for _, v in tracker.metric_history(stages["train"], "health/format_errors")] == [1, 1]
-    assert tracker.run_info(run_id)["tags"]["health.alarms"] == "grpo: format_errors"
-    assert tracker.run_info(stages["train"])["tags"]["health.alarms"] == "format_errors"
+    assert tracker.run_info(run_id)["tags"]["health_alarms"] == "grpo: format_errors"
+    assert tracker.run_info(stages["train"])["tags"]["health_alarms"] == "format_errors"
     # the registry: the first agent is the champion
     reg = result["register"]
     assert reg["alias"] == "champion" and tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]

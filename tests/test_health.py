@@ -131,7 +131,7 @@ def test_a_run_raises_an_alarm_into_mlflow_once(tok, make_model, tmp_path, caplo
     assert [h["format_error_rate"] for h in trainer.history] == [1.0, 1.0, 1.0]
     assert [v for _, v in tracker.metric_history(run, "health/format_errors")] == [0, 1, 1]
     assert [v for _, v in tracker.metric_history(run, "health/hung_episodes")] == [0, 0, 0]
-    assert tracker.run_info(run)["tags"]["health.alarms"] == "format_errors"
+    assert tracker.run_info(run)["tags"]["health_alarms"] == "format_errors"
     warnings = [r.getMessage() for r in caplog.records if "health alarm" in r.getMessage()]
     assert len(warnings) == 1 and "format_errors at iteration 2" in warnings[0]
     assert raised(trainer.history) == ["format_errors"]

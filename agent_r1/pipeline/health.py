@@ -16,7 +16,7 @@ section (null turns it off):
   ``health.hung_episode_rate`` for ``health.patience`` iterations.
 
 An alarm raised for the first time is logged as a warning naming its setting, and the run's MLflow
-tag ``health.alarms`` lists every alarm raised so far; :func:`raised` reads them back from a history
+tag ``health_alarms`` lists every alarm raised so far; :func:`raised` reads them back from a history
 (the pipeline's result, which the Prefect flow turns into its "needs a look" state).
 """
 
@@ -33,7 +33,7 @@ from agent_r1.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 HELDOUT_REWARD = "heldout/reward"  # the held-out reward of the iterations that evaluate it
-TAG = "health.alarms"  # the MLflow tag: the alarms raised so far, comma-separated
+TAG = "health_alarms"  # the MLflow tag: the alarms raised so far, comma-separated
 
 
 def hung_share(trajs: list[Trajectory]) -> float:
@@ -111,7 +111,7 @@ def watch(history: list[dict], stats: dict, trajs: list[Trajectory], cfg: Health
           stage_log: StageLog) -> dict:
     """``stats``, the metrics of the iteration after ``history``, with ``hung_episodes`` (of its
     episodes ``trajs``) and ``health/<name>`` (1: up, 0: not) for each alarm. An alarm up for the
-    first time in the run is logged as a warning and added to the run's tag ``health.alarms``."""
+    first time in the run is logged as a warning and added to the run's tag ``health_alarms``."""
     stats = stats | {"hung_episodes": hung_share(trajs)}
     up = alarms(history + [stats], cfg)
     before = raised(history)

@@ -287,7 +287,7 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     """The stage sequence, in this process, into one MLflow run (when ``tracker`` is given).
 
     Returns ``{"mlflow_run_id", "data_version", "health", "eval", "register", "timings"}`` (``health``:
-    :func:`run_health`, also the pipeline run's MLflow tag ``health.alarms`` when any was raised); writes
+    :func:`run_health`, also the pipeline run's MLflow tag ``health_alarms`` when any was raised); writes
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
     RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
 
