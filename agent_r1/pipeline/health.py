@@ -118,9 +118,9 @@ def watch(history: list[dict], stats: dict, trajs: list[Trajectory], cfg: Health
     new = [name for name in up if name not in before]
     for name in new:
         if is_main():
-            log.warning("health alarm %s at iteration %s: %s", name, stats.get("iteration", len(history) + 1), up[name])
+            log.warning("health alarm %s at iteration %d: %s", name, len(history) + 1, up[name])
     if new:
-        stage_log.tags({TAG: ",".join(raised(history + [{f"health/{n}": 1 for n in up}]))})
+        stage_log.tags({TAG: ",".join(name for name in CHECKS if name in before or name in up)})
     return stats | {f"health/{name}": int(name in up) for name in CHECKS}
 
 
