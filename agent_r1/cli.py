@@ -157,6 +157,7 @@ def train(
     cfg = _config(pipeline, config_file, overrides)
     from agent_r1.pipeline import run_all
     from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
+    from agent_r1.pipeline.health import needs_a_look
     from agent_r1.progress import Progress
 
     from agent_r1.learner.distributed import shutdown
@@ -168,6 +169,8 @@ def train(
         shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop")}
         console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
         console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
+        if look := needs_a_look(out["health"]):
+            console.print(f"[yellow]needs a look: the run raised health alarms ({look}; docs/health.md)[/yellow]")
         if out["register"]:
             r = out["register"]
             console.print(f"registered {r['model']} v{r['version']} as {r['alias']}: {r['reason']}")

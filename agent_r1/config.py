@@ -306,6 +306,32 @@ class RegisterConfig(_Strict):
     """eval.json metric whose score decides promotion to champion."""
 
 
+class HealthConfig(_Strict):
+    """The alarms a run raises on itself (agent_r1/pipeline/health.py; docs/health.md). Each threshold's alarm is
+    off when it is null."""
+
+    patience: int = Field(3, ge=1)
+    """Iterations in a row that a per-iteration signal (format errors, tool use, hung episodes) must be past its
+    threshold before its alarm is raised."""
+    format_error_rate: float | None = Field(0.5, ge=0, le=1)
+    """Alarm `format_errors` (invalid tool calls in a row): the share of turns with a format error (bad call syntax,
+    unknown tool, bad arguments; metric format_error_rate) is at least this, `patience` iterations in a row."""
+    tool_use_drop: float | None = Field(0.5, gt=0, le=1)
+    """Alarm `tool_collapse` (tool use collapsing): tool calls per episode (metric tool_calls; turns for an
+    environment that does not count them) stay below this fraction of their mean over the first `baseline_iterations`
+    iterations, `patience` iterations in a row."""
+    baseline_iterations: int = Field(3, ge=1)
+    """The first iterations whose tool use is the level tool_use_drop compares with."""
+    reward_gap: float | None = Field(0.2, gt=0)
+    """Alarm `reward_divergence` (held-out and training reward moving apart): at a held-out point (metric
+    heldout/reward), the training reward (reward_mean, averaged since the previous held-out point) minus the held-out
+    reward has grown by more than this since the first held-out point. Without held-out points it is never raised."""
+    hung_episode_rate: float | None = Field(0.1, ge=0, le=1)
+    """Alarm `hung_episodes` (episodes that hang): the share of episodes in which a tool call was stopped by its
+    timeout or which the environment ended with an error (e.g. a game engine that did not answer in time; metric
+    hung_episodes) is at least this, `patience` iterations in a row."""
+
+
 class RuntimeConfig(_Strict):
     threads: int | None = Field(None, ge=1)
     """Torch CPU threads of every stage (torch.set_num_threads); null: torch's default."""
@@ -336,6 +362,9 @@ class RunConfig(_Strict):
     """MLflow model registration and the champion gate."""
     runtime: RuntimeConfig = RuntimeConfig()
     """How the process runs (threads); no effect on results beyond speed."""
+    health: HealthConfig = HealthConfig()
+    """The run's alarms on its own health (format errors, tool use, reward divergence, hung episodes) and their
+    thresholds (docs/health.md); a resume does not compare them: changing one does not restart RL."""
     # A comparison pipeline trains several RL methods from the same SFT start with the same
     # budget and seed: names as reported (ppo, grpo, reinforce_pp, reinforce_pp_baseline, rloo,
     # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
@@ -536,6 +565,9 @@ def _staleness_problems(cfg: RunConfig) -> list[str]:
     if (cfg.rl.rollout_shards or 1) > 1:
         out.append("rl.rollout_shards: rollouts ahead of the learner (rl.max_staleness ≥ 1) sample each batch as one "
                    "shard; leave it null")
+    if cfg.env.context_kwargs.get("summarize") == "policy":
+        out.append("env.context_kwargs.summarize: 'policy' writes summaries with the learner's model, which the update "
+                   "changes while rollouts run ahead (rl.max_staleness ≥ 1); use rl.max_staleness: 0 or another summarize")
     return out
 
 

@@ -260,7 +260,7 @@ class Tracker(_AgentRegistry):
         """
         if run_id is not None and self._exists(run_id):
             self.client.update_run(run_id, status="RUNNING")
-            self._set_tags(run_id, tags or {})
+            self.set_tags(run_id, tags or {})
         else:
             run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=_str_dict(tags)).info.run_id
         self.log_params(run_id, params)
@@ -313,7 +313,8 @@ class Tracker(_AgentRegistry):
             raise
         return True
 
-    def _set_tags(self, run_id: str, tags: dict) -> None:
+    def set_tags(self, run_id: str, tags: dict) -> None:
+        """Set (or overwrite) the run's tags."""
         from mlflow.entities import RunTag
 
         if tags:

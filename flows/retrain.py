@@ -16,15 +16,17 @@ from typing import Any
 import flows  # noqa: F401  (contained, offline settings before Prefect is imported)
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
+from prefect.states import State
 
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.state import checkpoint_dir
 from agent_r1.tracking import Tracker
-from flows.training import ArtifactProgress, PipelineParams, TaskRunner, artifact_key, eval_markdown, register_markdown
+from flows.training import (ArtifactProgress, PipelineParams, TaskRunner, artifact_key, eval_markdown, health_markdown, marked,
+                            register_markdown)
 
 
 @flow(name="retraining", persist_result=False)
-def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any]:
+def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any] | State:
     """Retrain from the champion on the newest data; promote the result only if it is better."""
     logger = get_run_logger()
     cfg = params.config()
@@ -48,6 +50,7 @@ def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any]
         f"Data version `{out['data_version']}`; RL from `{cfg.rl.init_from or 'SFT'}`; MLflow run `{out['mlflow_run_id']}`.\n\n"
         f"## Held-out evaluation: new agent (`{method}`) vs champion, same tasks\n\n"
         f"{eval_markdown(out['eval'], cfg.eval.split)}\n\n"
-        f"## Decision ({r.split} {r.metric})\n\n{register_markdown(reg)}\n",
+        f"## Decision ({r.split} {r.metric})\n\n{register_markdown(reg)}\n\n"
+        f"## Health\n\n{health_markdown(out['health'])}\n",
         key=artifact_key(cfg.name, "retraining"), description=f"retraining of pipeline {cfg.name}")
-    return out | {"champion": champion_uri, "init_from": cfg.rl.init_from, "promoted": reg["alias"] == "champion"}
+    return marked(out | {"champion": champion_uri, "init_from": cfg.rl.init_from, "promoted": reg["alias"] == "champion"})

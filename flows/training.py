@@ -35,12 +35,16 @@ import flows  # noqa: F401  (contained, offline settings before Prefect is impor
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+from prefect.states import Completed, State
 from prefect.utilities.annotations import opaque
 from pydantic import BaseModel, Field
 
 from agent_r1.config import RunConfig, load_config, parse_overrides
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.dvc_lock import record_in_dvc_lock
+from agent_r1.pipeline.health import needs_a_look
 from agent_r1.pipeline.record import StageLog
 from agent_r1.pipeline.runner import Runner
 from agent_r1.progress import Progress
@@ -168,10 +172,31 @@ def register_markdown(reg: dict | None) -> str:
     return f"Registered **{reg['model']}** version {reg['version']} as **{reg['alias']}**: {reg['reason']}."
 
 
+def health_markdown(alarms: dict[str, list[str]]) -> str:
+    look = needs_a_look(alarms)
+    return f"**Needs a look**: alarms raised ({look}); see docs/health.md." if look else "No health alarm raised."
+
+
+NEEDS_A_LOOK = "needs-a-look"  # the tag of a flow run whose RL raised health alarms
+
+
+def marked(out: dict[str, Any]) -> dict[str, Any] | State:
+    """The flow's result ``out``; when its RL raised health alarms (``out["health"]``), as a Completed
+    state with the message "needs a look: ..." and the flow run tagged ``needs-a-look``."""
+    look = needs_a_look(out["health"])
+    if not look:
+        return out
+    with get_client(sync_client=True) as client:
+        tags = client.read_flow_run(flow_run.id).tags
+        client.update_flow_run(flow_run.id, tags=[*tags, NEEDS_A_LOOK])
+    return Completed(data=out, message=f"needs a look: {look}")
+
+
 # ------------------------------------------------------------------------------ the flow
 @flow(name="training", persist_result=False)
-def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
-    """Train one pipeline end to end: data → SFT → RL → held-out evaluation → registry."""
+def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any] | State:
+    """Train one pipeline end to end: data → SFT → RL → held-out evaluation → registry. A run whose RL
+    raised health alarms ends Completed with the message "needs a look: ..." and the tag needs-a-look."""
     cfg = params.config()
     plan = stages.Plan(control=params.with_control, register=params.register_agent)
     out = stages.run_pipeline(cfg, plan, Tracker(), ArtifactProgress(cfg.name), TaskRunner())
@@ -180,9 +205,10 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any]:
         f"# Training: pipeline `{cfg.name}`\n\n"
         f"Data version `{out['data_version']}`; MLflow run `{out['mlflow_run_id']}`; outputs `{cfg.out}`.\n\n"
         f"## Held-out evaluation\n\n{eval_markdown(out['eval'], cfg.eval.split)}\n\n"
-        f"## Registry\n\n{register_markdown(out['register'])}\n",
+        f"## Registry\n\n{register_markdown(out['register'])}\n\n"
+        f"## Health\n\n{health_markdown(out['health'])}\n",
         key=artifact_key(cfg.name, "training"), description=f"training of pipeline {cfg.name}")
-    return out
+    return marked(out)
 
 
 if __name__ == "__main__":
@@ -201,5 +227,6 @@ if __name__ == "__main__":
     print(f"\nHeld-out evaluation ({cfg.out / 'metrics' / 'eval.json'}):\n")
     print(eval_markdown(out["eval"], cfg.eval.split))
     print(f"\n{register_markdown(out['register'])}")
+    print(health_markdown(out["health"]))
     print(f"MLflow run {out['mlflow_run_id']} (agent-r1 mlflow-ui); data version {out['data_version']}")
     print("wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in out["timings"].items()))

@@ -65,14 +65,16 @@ def mlflow_env(monkeypatch, root: Path) -> Tracker:
 
 @pytest.fixture(scope="module")
 def trained(harness, tmp_path_factory):
-    """One training flow run. SFT long enough that the agent beats a random model on reward."""
+    """One training flow run. SFT long enough that the agent beats a random model on reward. A format
+    error threshold of 0 raises the format_errors alarm whatever the agent writes: the run needs a look."""
     from flows.training import TrainingParams, training_flow
 
     root = tmp_path_factory.mktemp("trained")
     mp = pytest.MonkeyPatch()
     tracker = mlflow_env(mp, root)
     try:
-        state = training_flow(TrainingParams(pipeline="tiny", overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2")),
+        state = training_flow(TrainingParams(pipeline="tiny", overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2",
+                                                                   "health.patience=1", "health.format_error_rate=0")),
                               return_state=True)
     finally:
         mp.undo()
@@ -92,6 +94,9 @@ def _flow_run_records(flow_run_id):
 def test_training_flow_runs_every_stage_and_registers(trained):
     out, tracker, result = trained["out"], trained["tracker"], trained["result"]
     assert trained["state"].is_completed()
+    # the health alarm: in the result, on the MLflow runs, and the flow run marked as needing a look
+    assert result["health"] == {"grpo": ["format_errors"]}
+    assert trained["state"].message == "needs a look: grpo: format_errors"
     written = json.loads((out / "metrics" / "eval.json").read_text())
     assert {"sft", "grpo"} <= set(written["test"]) and written["test"]["grpo"] == result["eval"]["test"]["grpo"]
     # MLflow: one finished pipeline run, a nested run per stage, a metric point per RL iteration
@@ -103,6 +108,9 @@ def test_training_flow_runs_every_stage_and_registers(trained):
     assert set(stages) == {"prepare", "sft", "train", "evaluate", "register"}
     assert [step for step, _ in tracker.metric_history(stages["train"], "reward_mean")] == [1, 2]
     assert tracker.run_info(stages["prepare"])["params"]["data_version"] == result["data_version"]
+    assert [v for _, v in tracker.metric_history(stages["train"], "health/format_errors")] == [1, 1]
+    assert tracker.run_info(run_id)["tags"]["health_alarms"] == "grpo: format_errors"
+    assert tracker.run_info(stages["train"])["tags"]["health_alarms"] == "format_errors"
     # the registry: the first agent is the champion
     reg = result["register"]
     assert reg["alias"] == "champion" and tracker.alias_version("agent-r1", "champion")["version"] == reg["version"]
@@ -126,6 +134,11 @@ def test_training_flow_runs_every_stage_and_registers(trained):
     assert by_type["progress"].data == 100.0 and "iteration 2/2" in by_type["progress"].description
     report = by_type["markdown"].data
     assert "| test | grpo |" in report and f"version {reg['version']} as **champion**" in report
+    assert "**Needs a look**: alarms raised (grpo: format_errors)" in report
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        assert "needs-a-look" in client.read_flow_run(trained["state"].state_details.flow_run_id).tags
 
 
 @pytest.mark.slow

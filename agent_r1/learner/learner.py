@@ -87,7 +87,8 @@ class LearnerConfig(BaseModel):
     token weight is w = π_prox / π_behav (π_prox: the policy before this update, which the PPO ratio is taken against;
     π_behav: the log-probs the rollout sampled with): `tis`, truncated importance sampling, min(w, is_cap) (Yao et al.
     2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl's rollout IS, SkyRL); `decoupled`,
-    AReaL's decoupled PPO objective (Fu et al. 2025, arXiv:2505.24298): w, with the tokens whose w > is_cap left out;
+    AReaL's decoupled PPO objective (Fu et al. 2025, arXiv:2505.24298): w, with weight 0 for the tokens whose w > is_cap
+    (they stay in the loss's denominator);
     `none`: no weight (stale episodes are trained on as if sampled by π_prox)."""
     is_cap: float = Field(2.0, gt=1)
     """The cap on the importance weight w of off_policy_correction."""
@@ -273,26 +274,25 @@ def _partitions(engine, weights_only: bool = False) -> bool:
     return bool(getattr(engine, attr, lambda: False)())
 
 
-def off_policy_weights(prox: torch.Tensor, mb: TrainBatch, cfg: LearnerConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """The advantages and loss mask the policy loss takes for a mini-batch ``mb``: unchanged, unless
-    its episodes were sampled ahead of the learner (``mb.behaviour_logprobs``, rl.max_staleness ≥ 1) and
+def off_policy_weights(prox: torch.Tensor, mb: TrainBatch, cfg: LearnerConfig) -> tuple[torch.Tensor, dict]:
+    """The advantages the policy loss takes for a mini-batch ``mb``: unchanged, unless its episodes
+    were sampled ahead of the learner (``mb.behaviour_logprobs``, rl.max_staleness ≥ 1) and
     ``cfg.off_policy_correction`` weighs them by w = π_prox / π_behav (``prox``: the log-probs before
     this update). The weight scales the advantages, which weighs the clipped surrogate token by token
-    (w ≥ 0 factors out of its max and of the dual-clip cap). Metrics: the mean weight and the share of
-    tokens truncated (``tis``) or left out (``decoupled``)."""
+    (w ≥ 0 factors out of its max and of the dual-clip cap). ``decoupled`` gives the tokens over the cap
+    weight 0 and keeps them in the loss mask, so they still count in the loss's denominator and the
+    update does not depend on how the batch is cut into micro-batches (as AReaL does). Metrics: the
+    mean weight and the share of tokens truncated (``tis``) or left out (``decoupled``)."""
     mode, mask = cfg.off_policy_correction, mb.loss_mask
     if mb.behaviour_logprobs is None or mode == "none":
-        return mb.advantages, mask, {}
+        return mb.advantages, {}
     w = torch.exp((prox - mb.behaviour_logprobs).clamp(-20.0, 20.0)).detach()
     w = torch.where(mb.action_mask.bool(), w, 1.0)  # tokens it did not sample (rl.loss_mask off) keep weight 1
     over = (w > cfg.is_cap) & mask.bool()
-    if mode == "tis":
-        w = w.clamp(max=cfg.is_cap)
-    else:  # decoupled: the tokens whose weight passes the cap are not trained on
-        w, mask = torch.where(over, 0.0, w), mask * ~over
-    share = float(over.sum()) / max(float(mb.loss_mask.sum()), 1.0)
-    return mb.advantages * w, mask, {"is_weight_mean": aggregate(w, mask, "token-mean").item(),
-                                     f"is_{'truncated' if mode == 'tis' else 'masked'}_share": share}
+    w = w.clamp(max=cfg.is_cap) if mode == "tis" else torch.where(over, 0.0, w)
+    share = float(over.sum()) / max(float(mask.sum()), 1.0)
+    return mb.advantages * w, {"is_weight_mean": aggregate(w, mask, "token-mean").item(),
+                               f"is_{'truncated' if mode == 'tis' else 'masked'}_share": share}
 
 
 class ValueModel(torch.nn.Module):
@@ -473,8 +473,8 @@ class Learner:
                                        positions=mb.loss_mask, share_prefix=cfg.share_prefix)
             mask = mb.loss_mask
             prox = logp.detach() if mb.old_logprobs is None else mb.old_logprobs
-            advantages, pg_mask, is_metrics = off_policy_weights(prox, mb, cfg)
-            loss, metrics = self.policy_loss(logp, prox, advantages, pg_mask, **self.policy_loss.kwargs(cfg))
+            advantages, is_metrics = off_policy_weights(prox, mb, cfg)
+            loss, metrics = self.policy_loss(logp, prox, advantages, mask, **self.policy_loss.kwargs(cfg))
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in (metrics | is_metrics).items()}
             metrics["policy/pg_loss"] = loss.detach()

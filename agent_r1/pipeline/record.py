@@ -47,6 +47,10 @@ class StageLog:
         if self:
             self.tracker.log_params(self.run_id, values)
 
+    def tags(self, values: dict) -> None:
+        if self:
+            self.tracker.set_tags(self.run_id, values)
+
     def text(self, text: str, artifact_file: str) -> None:
         if self:
             self.tracker.log_text(self.run_id, text, artifact_file)

@@ -26,13 +26,14 @@ from pathlib import Path
 import torch
 
 from agent_r1.algorithms import AdvantageInputs, get_advantage
-from agent_r1.config import ConfigError, RLConfig, RunConfig, parse_method
+from agent_r1.config import ConfigError, HealthConfig, RLConfig, RunConfig, parse_method
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.learner.distributed import any_rank, gathered, is_main
 from agent_r1.models import load_model
+from agent_r1.pipeline import health
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
@@ -197,8 +198,8 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
 
 
 def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) -> dict:
-    """Record the iteration's metrics (of every rank's episodes); save a resumable state every
-    ``rl.checkpoint_every``."""
+    """Record the iteration's metrics (of every rank's episodes) and the run's health alarms
+    (:mod:`~agent_r1.pipeline.health`); save a resumable state every ``rl.checkpoint_every``."""
     trajs = gathered(trajs)
     staleness = [trainer.iteration - t.policy_version for t in trajs]  # versions behind the learner it trained
     if max(staleness) > trainer.cfg.max_staleness:
@@ -210,6 +211,7 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
              "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
              "iteration": it, "time/rollout_s": trainer.rollout_s, "time/rollout_wait_s": trainer.rollout_wait_s,
              "time/iteration_s": time.perf_counter() - trainer.t_start}
+    stats = health.watch(trainer.history, stats, trajs, trainer.health, trainer.log)
     trainer.history.append(stats)
     trainer.log.metrics(stats, it)
     if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
@@ -282,18 +284,18 @@ class RLTrainer:
     ``seed``) and ``cfg.group_size`` episodes of each. With ``files``, every
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
-    the agent and its metrics.
+    the agent and its metrics. ``health`` holds the thresholds of the run's alarms.
     """
 
     def __init__(self, learner: Learner, engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager,
                  cfg: RLConfig, *, max_new_tokens: int, max_context_tokens: int | None = None, seed: int = 0,
-                 stage_log: StageLog = NULL_LOG, files: RLFiles | None = None):
+                 stage_log: StageLog = NULL_LOG, files: RLFiles | None = None, health: HealthConfig = HealthConfig()):
         if get_advantage(cfg.algorithm).needs_critic and learner.critic is None:
             raise ValueError(f"estimator {cfg.algorithm!r} needs a critic: give the Learner critic=ValueModel(...)")
         if not tasks:
             raise ValueError("RLTrainer: no tasks to train on")
         self.learner, self.engine, self.make_env, self.tasks, self.context = learner, engine, make_env, tasks, context
-        self.cfg, self.log, self.files = cfg, stage_log, files
+        self.cfg, self.log, self.files, self.health = cfg, stage_log, files, health
         self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
         self.method = cfg.method
         self.tokenizer = context.tokenizer
@@ -338,7 +340,7 @@ class RLTrainer:
         try:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
                        max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
-                       seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg))
+                       seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), health=cfg.health)
         except BaseException:
             engine.close()
             raise

@@ -29,14 +29,15 @@ from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.learner.distributed import is_main
 from agent_r1.models import TAGS, build_tiny_model, default_device, load_model
+from agent_r1.pipeline import health
 from agent_r1.pipeline.control import control
 from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
-from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, is_complete, mark_complete, resumable,
-                                     save_state, write_json)
+from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, history_path,
+                                     is_complete, mark_complete, resumable, save_state, write_json)
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
@@ -285,7 +286,8 @@ def run_pipeline(cfg: RunConfig, plan: Plan = Plan(), tracker=None, progress: Pr
 def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, runner: Runner) -> dict:
     """The stage sequence, in this process, into one MLflow run (when ``tracker`` is given).
 
-    Returns ``{"mlflow_run_id", "data_version", "eval", "register", "timings"}``; writes
+    Returns ``{"mlflow_run_id", "data_version", "health", "eval", "register", "timings"}`` (``health``:
+    :func:`run_health`, also the pipeline run's MLflow tag ``health_alarms`` when any was raised); writes
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
     RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
 
@@ -309,6 +311,9 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
             runner.stage("sft", sft, cfg, slog, progress)
     with rec.timed_stage("train", timings) as slog:
         train(cfg, slog, progress, tracker, runner=runner)
+    out["health"] = run_health(cfg)
+    if tracker is not None and (look := health.needs_a_look(out["health"])):
+        tracker.set_tags(out["mlflow_run_id"], {health.TAG: look})
     checkpoints = plan.checkpoints
     if plan.control:
         t0 = time.perf_counter()
@@ -326,6 +331,14 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     write_json(cfg.out / "metrics" / "timings.json", timings)
     rec.close()
     return out | {"timings": timings}
+
+
+def run_health(cfg: RunConfig) -> dict[str, list[str]]:
+    """Each RL method's health alarms (:mod:`~agent_r1.pipeline.health`) raised while it trained,
+    from its metrics history; with N ranks, rank 0's (the others get {})."""
+    if not is_main():
+        return {}
+    return {m: health.raised(json.loads(history_path(cfg, m).read_text())) for m in rl_methods(cfg)}
 
 
 def run_all(cfg: RunConfig, tracker=None, progress: Progress | None = None, with_control: bool = False) -> dict:
