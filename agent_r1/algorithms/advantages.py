@@ -265,15 +265,17 @@ def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str
 
     Steps are read from ``step_ids``: a prefix-chain row holds every step of its episode; the
     step rows of an episode (``to_sequences``) each carry their undiscounted return-to-go, from
-    which the step rewards are recovered, so both forms get the same advantages. returns =
-    advantages.
+    which the step rewards are recovered, so both forms get the same advantages. Without
+    ``step_ids`` or ``anchor_ids`` (an environment without state keys) it is the episode advantage
+    alone. returns = advantages.
     """
     if norm not in ("std", "mean"):
         raise ValueError(f"gigpo: norm must be 'std' or 'mean', got {norm!r}")
     m = inp.mask.bool()
     episode_adv, _ = _grpo(inp, scale=norm == "std")
-    steps = _require(inp.step_ids, "step_ids", "gigpo").long()
-    anchors = _require(inp.anchor_ids, "anchor_ids", "gigpo").long()
+    if inp.step_ids is None or inp.anchor_ids is None:  # no state keys: no step shares an anchor group
+        return episode_adv, episode_adv
+    steps, anchors = inp.step_ids.long(), inp.anchor_ids.long()
     _, groups, ep = _scores(inp)
     on = m & (steps >= 0)
     E, S = int(ep.max()) + 1, int(torch.where(on, steps, -1).max()) + 1
