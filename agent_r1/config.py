@@ -193,7 +193,7 @@ class CurriculumConfig(_Strict):
 
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
-    """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...) or the
+    """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, gigpo, ...) or the
     import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`)."""
 
     @field_validator("algorithm")

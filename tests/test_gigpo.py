@@ -187,3 +187,11 @@ def test_textworld_state_key_is_its_observation_whitespace_collapsed():
     env = TextWorldEnv.__new__(TextWorldEnv)  # no game process: the key is read from the state alone
     env.engine, env.show_admissible, env.state = None, True, {"feedback": "-= Hall =-\nYou are in   a hall.\n\n>", "admissible": ["go east", "look"]}
     assert env.state_key() == "-= Hall =- You are in a hall. Admissible commands: go east, look"
+
+
+def test_gigpo_methods_by_name():
+    from agent_r1.config import RLConfig, parse_method
+
+    assert parse_method("gigpo_outcome") == {"algorithm": "gigpo", "loss_mask": True, "adv_mask": True,
+                                             "process_rewards": False}
+    assert RLConfig(**parse_method("gigpo")).method == "gigpo"
