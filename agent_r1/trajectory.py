@@ -172,7 +172,8 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
                 logps[start + j] = s.action_logprobs[j]
             rewards[start + len(s.action_ids) - 1] += s.reward
         rewards[n - 1] += traj.final_reward
-        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id, keys)]
+        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id,
+                         keys)]
 
     out = []
     to_go = traj.final_reward

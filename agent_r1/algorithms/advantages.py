@@ -282,7 +282,8 @@ def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str
     if S == 0:
         return episode_adv, episode_adv
     flat = torch.where(on, ep[:, None] * S + steps, E * S)  # slot E*S collects the other tokens
-    y = inp.token_rewards.new_zeros(E * S + 1).index_add_(0, flat.flatten(), torch.where(on, inp.token_rewards, 0).flatten())
+    rewards_on = torch.where(on, inp.token_rewards, 0).flatten()
+    y = inp.token_rewards.new_zeros(E * S + 1).index_add_(0, flat.flatten(), rewards_on)
     exists = torch.zeros(E * S + 1, dtype=torch.bool, device=m.device).index_fill_(0, flat[on], True)
     anchor = torch.full((E * S + 1,), -1, dtype=torch.long, device=m.device).scatter_reduce_(
         0, flat.flatten(), torch.where(on, anchors, -1).flatten(), "amax")

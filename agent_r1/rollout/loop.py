@@ -159,10 +159,11 @@ def _decoded(tok, gen) -> str:
 
 
 def _steps(envs: list, texts: list[str], context_tokens: list[int]) -> list:
-    """Each environment's state key (``state_key``, the state the turn starts from) and ``step`` on its turn: side by side in threads when every tool of every
-    environment is thread-safe (a sandboxed ``python`` call waits on its process, and many
-    episodes call at once; the tool bounds its own concurrency), else one after another. An
-    exception is returned in place of its episode's result, for the caller to contain."""
+    """Each environment's state key (``state_key``: the state the turn starts from) and ``step`` on
+    its turn: side by side in threads when every tool of every environment is thread-safe (a
+    sandboxed ``python`` call waits on its process, and many episodes call at once; the tool
+    bounds its own concurrency), else one after another. An exception is returned in place of its
+    episode's result, for the caller to contain."""
 
     def one(k: int):
         try:
