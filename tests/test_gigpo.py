@@ -195,3 +195,21 @@ def test_gigpo_methods_by_name():
     assert parse_method("gigpo_outcome") == {"algorithm": "gigpo", "loss_mask": True, "adv_mask": True,
                                              "process_rewards": False}
     assert RLConfig(**parse_method("gigpo")).method == "gigpo"
+
+
+def test_the_driver_passes_the_state_keys_to_gigpo():
+    from types import SimpleNamespace
+
+    from agent_r1.config import RLConfig
+    from agent_r1.pipeline.rl_driver import build_train_batch
+
+    won = episode(0, ["hall", "kitchen", "chest"], [0, 0, 0], 1.0)
+    lost = episode(0, ["hall", "kitchen", "cellar"], [0, 0, 0], 0.0)
+    learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+    cfg = RLConfig(algorithm="gigpo", gamma=0.5, advantage_settings={"step_advantage_weight": 0.5})
+    b = build_train_batch(learner, [won, lost], cfg, 0)
+    e, s = 0.707107, 0.5 * 0.707107  # as in the hand-computed case above
+    assert per_step(b, b.advantages, 0) == pytest.approx([e + s, e + s, e], abs=1e-5)
+    assert b.info == {"rollout/shared_state_steps": pytest.approx(4 / 6)}  # hall and kitchen, twice each
+    keyless = [episode(0, [None], [0], 1.0), episode(0, [None], [0], 0.0)]
+    assert build_train_batch(learner, keyless, cfg, 0).info == {}

@@ -20,6 +20,7 @@ import logging
 import shutil
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -148,13 +149,19 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     ``cfg.process_rewards`` off the step rewards are left out: the final reward alone is trained on.
     ``cfg.dynamic_sampling`` leaves out the groups whose episodes all got the same reward (unless that is
     every group); ``cfg.overlong_filter`` zeroes the loss mask of the episodes that ended for its reasons.
-    Their counts (every rank's) go to ``batch.info``."""
+    Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
+    (``Step.state_key``), the share of steps that start from a state another step of their group starts from
+    (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare)."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
     if not cfg.process_rewards:  # the final reward alone (the episodes keep their step rewards, for the logs)
         trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
     info = {}
+    keyed = Counter((t.group_id, s.state_key) for t in trajs for s in t.steps if s.state_key is not None)
+    if keyed:
+        shared, n = all_reduce([sum(c for c in keyed.values() if c > 1), keyed.total()])
+        info["rollout/shared_state_steps"] = shared / n
     if cfg.dynamic_sampling:
         rewards: dict[int, set[float]] = {}
         for t in trajs:
