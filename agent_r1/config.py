@@ -419,6 +419,8 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
         if unknown:
             out.append(f"rl.advantage_settings: estimator {est.name!r} has no setting(s) {unknown}; "
                        f"its settings: {sorted(est.settings) or 'none'}")
+    if cfg.rl.dynamic_sampling and cfg.rl.group_size < 2:
+        out.append(f"rl.dynamic_sampling: compares the episodes of a task; it needs group_size >= 2, got {cfg.rl.group_size}")
     return out
 
 

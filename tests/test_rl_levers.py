@@ -39,6 +39,9 @@ def test_dynamic_sampling_leaves_out_the_groups_whose_rewards_are_all_equal():
     # a batch of such groups alone is trained on whole
     flat = build_train_batch(LEARNER, trajs[2:], RLConfig(dynamic_sampling=True), PAD)
     assert len(flat) == 4 and flat.info == {"dapo/zero_variance_groups": 1.0}
+    with pytest.raises(ConfigError, match="rl.dynamic_sampling: .*needs group_size >= 2, got 1"):
+        load_config("tiny", "pipelines.yaml", parse_overrides(["rl.dynamic_sampling=true", "rl.group_size=1",
+                                                                 "rl.algorithm=reinforce_pp"]))
 
 
 def test_overlong_filter_zeroes_the_loss_mask_of_cut_episodes_only():
