@@ -179,9 +179,21 @@ def parse_method(method: str) -> dict:
     return {"algorithm": algorithm, **flags}
 
 
+class CurriculumConfig(_Strict):
+    enabled: bool = False
+    """Draw the tasks whose recent episodes all succeeded or all failed (saturated: their group gives no
+    signal) less often, by `saturated_weight`; off: every task equally often."""
+    window: int = Field(2, ge=1)
+    """A task is saturated when the episodes of its last `window` draws all succeeded or all failed."""
+    saturated_weight: float = Field(0.1, gt=0, le=1)
+    """Draw weight of a saturated task (the others weigh 1; tasks are drawn without replacement)."""
+    success_reward: float = 1.0
+    """An episode succeeds when its final reward reaches this value."""
+
+
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
-    """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, ...) or the
+    """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, gigpo, ...) or the
     import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`)."""
 
     @field_validator("algorithm")
@@ -219,6 +231,18 @@ class RLConfig(_Strict):
     process_rewards: bool = True
     """Train on the environment's step (process) rewards as well as the final reward; false: the final reward
     alone (the step rewards are still logged). A method named `<method>_outcome` sets it false."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling, filtering form (Yu et al. 2025, arXiv:2503.14476): leave out of the update the groups
+    whose episodes all got the same reward (they have no group-relative signal), so they do not dilute the loss's
+    average; logged as dapo/zero_variance_groups (their share of the groups). A batch of such groups alone is
+    trained on whole."""
+    overlong_filter: list[Literal["token_budget", "max_turns"]] = []
+    """DAPO's overlong filtering: episodes that ended for one of these reasons (cut by the context budget, or by
+    env.max_turns) get loss mask 0: no gradient of their own, while their reward still counts in their group's
+    baseline; logged as dapo/overlong_episodes (their share)."""
+    curriculum: CurriculumConfig = CurriculumConfig()
+    """An adaptive task curriculum: tasks whose recent episodes all succeeded or all failed are drawn less often
+    (curriculum/saturated_drawn: the share of the drawn tasks that were saturated)."""
     init_from: str | None = None
     """Where RL starts: null for this pipeline's SFT checkpoint, else a folder or a registry URI
     (models:/<name>@<alias>)."""
@@ -424,6 +448,8 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
         if unknown:
             out.append(f"rl.advantage_settings: estimator {est.name!r} has no setting(s) {unknown}; "
                        f"its settings: {sorted(est.settings) or 'none'}")
+    if cfg.rl.dynamic_sampling and cfg.rl.group_size < 2:
+        out.append(f"rl.dynamic_sampling: compares the episodes of a task; it needs group_size >= 2, got {cfg.rl.group_size}")
     return out
 
 
@@ -562,6 +588,9 @@ def _staleness_problems(cfg: RunConfig) -> list[str]:
     if cfg.rollout.engine != "vllm":
         out.append("rl.max_staleness: rollouts ahead of the learner need rollout.engine: vllm (the hf engine samples "
                    "with the learner's own weights, which the update changes under it)")
+    if cfg.rl.curriculum.enabled:
+        out.append("rl.curriculum: the curriculum draws each iteration's tasks from the results before it, which "
+                   "rollouts ahead of the learner (rl.max_staleness ≥ 1) have not seen; use rl.max_staleness: 0")
     if (cfg.rl.rollout_shards or 1) > 1:
         out.append("rl.rollout_shards: rollouts ahead of the learner (rl.max_staleness ≥ 1) sample each batch as one "
                    "shard; leave it null")

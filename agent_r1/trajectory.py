@@ -30,6 +30,9 @@ class Step:
     format_error: bool = False
     tool_errors: int = 0
     hit_max_new_tokens: bool = False  # the generation stopped at max_new_tokens, its turn unended
+    # the environment's key of the state the step started from (ToolEnv.state_key; None: none): steps of a
+    # group's episodes with the same key are compared with each other (the gigpo estimator)
+    state_key: str | None = None
 
 
 @dataclass
@@ -91,13 +94,14 @@ def from_frame(df: pd.DataFrame) -> list[Trajectory]:
                           policy_version=int(first.get("policy_version", 0)),
                           **{k: json.loads(first[k]) for k in _TRAJ_JSON})
         for rec in rows.to_dict("records"):
-            kw = {k: rec[k] for k in Step.__dataclass_fields__}
+            kw = {k: rec[k] for k in Step.__dataclass_fields__ if k in rec}  # older files lack state_key
             kw.update({col: json.loads(kw[col]) for col in _JSON_COLS})
             kw["context_ids"] = [int(x) for x in kw["context_ids"]]
             kw["action_ids"] = [int(x) for x in kw["action_ids"]]
             kw["action_logprobs"] = [float(x) for x in kw["action_logprobs"]]
             kw["reward"], kw["tool_errors"] = float(kw["reward"]), int(kw["tool_errors"])
             kw["format_error"], kw["hit_max_new_tokens"] = bool(kw["format_error"]), bool(kw["hit_max_new_tokens"])
+            kw["state_key"] = None if pd.isna(kw.get("state_key")) else str(kw["state_key"])
             traj.steps.append(Step(**kw))
         trajectories.append(traj)
     return trajectories
@@ -130,6 +134,7 @@ class Sequence:
     # the episode the sequence came from, >= 0 and unique in a batch (its step rows share it); None: an
     # episode of its own
     episode_id: int | None = None
+    state_keys: list[str | None] = field(default_factory=list)  # the state key of each step id of its episode
 
 
 def _is_prefix_chain(traj: Trajectory) -> bool:
@@ -153,6 +158,7 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
     steps = [s for s in traj.steps if s.action_ids]
     if not steps:
         return []
+    keys = [s.state_key for s in steps]
     if _is_prefix_chain(traj):
         last = steps[-1]
         ids = last.context_ids + last.action_ids
@@ -166,7 +172,8 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
                 logps[start + j] = s.action_logprobs[j]
             rewards[start + len(s.action_ids) - 1] += s.reward
         rewards[n - 1] += traj.final_reward
-        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id)]
+        return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id,
+                         keys)]
 
     out = []
     to_go = traj.final_reward
@@ -188,6 +195,7 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
                 group_id=traj.group_id,
                 prompt_len=c,
                 episode_id=episode_id,
+                state_keys=keys,
             )
         )
     return out
@@ -212,7 +220,9 @@ class TrainBatch:
     - ``group_ids`` [B] long: the task group of each sequence;
     - ``episode_ids`` [B] long: the episode each sequence came from (the step rows of an episode
       that is not one prefix chain share it; group baselines count episodes, not rows); a
-      sequence without one (``Sequence.episode_id`` None) gets an id of its own, ``-1 - row``.
+      sequence without one (``Sequence.episode_id`` None) gets an id of its own, ``-1 - row``;
+    - ``anchor_ids`` [B, T] long: on each action token, the state key its step started from (``Step.state_key``)
+      as an integer, the same for the same key within the batch; -1 where the step has none.
 
     From :func:`~agent_r1.pipeline.rl_driver.build_train_batch` (None until then, or when not needed):
 
@@ -223,7 +233,9 @@ class TrainBatch:
     - ``ref_logprobs`` [B, T]: the frozen reference's log-probs (``kl_coef > 0``);
     - ``behaviour_logprobs`` [B, T]: ``sample_logprobs`` when the episodes may come from an older
       policy than the learner's (``rl.max_staleness`` ≥ 1): the update corrects for it
-      (``rl.learner.off_policy_correction``).
+      (``rl.learner.off_policy_correction``);
+    - ``info``: counts of how the batch was built (``rl.dynamic_sampling``, ``rl.overlong_filter``), logged with
+      the update's metrics.
     """
 
     input_ids: torch.Tensor
@@ -236,12 +248,14 @@ class TrainBatch:
     sample_logprobs: torch.Tensor
     group_ids: torch.Tensor
     episode_ids: torch.Tensor
+    anchor_ids: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     behaviour_logprobs: torch.Tensor | None = None
+    info: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -249,8 +263,8 @@ class TrainBatch:
     def select(self, rows: torch.Tensor, device: torch.device | None = None) -> "TrainBatch":
         """Rows ``rows``, cut to the longest of them, on ``device``."""
         T = int(self.attention_mask[rows].sum(1).max())
-        return replace(self, **{f.name: None if (v := getattr(self, f.name)) is None
-                                else (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for f in fields(self)})
+        return replace(self, **{f.name: (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for f in fields(self)
+                                if isinstance(v := getattr(self, f.name), torch.Tensor)})
 
 
 def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask: bool = True) -> TrainBatch:
@@ -264,6 +278,8 @@ def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask:
     attention_mask = torch.zeros(B, T, dtype=torch.long)
     action_mask, token_rewards, sample_logprobs, after_prompt = (torch.zeros(B, T) for _ in range(4))
     step_ids = torch.full((B, T), -1, dtype=torch.long)
+    anchor_ids = torch.full((B, T), -1, dtype=torch.long)
+    anchors: dict[str, int] = {}
     for i, s in enumerate(seqs):
         n = len(s.ids)
         input_ids[i, :n] = torch.tensor(s.ids)
@@ -273,9 +289,12 @@ def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask:
         token_rewards[i, :n] = torch.tensor(s.rewards)
         sample_logprobs[i, :n] = torch.tensor(s.sample_logprobs)
         after_prompt[i, s.prompt_len : n] = 1
+        ids = [-1 if k < 0 or k >= len(s.state_keys) or s.state_keys[k] is None
+               else anchors.setdefault(s.state_keys[k], len(anchors)) for k in s.step_ids]
+        anchor_ids[i, :n] = torch.tensor(ids)
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask,
                       loss_mask=action_mask if loss_mask else after_prompt,
-                      adv_mask=action_mask if adv_mask else after_prompt, step_ids=step_ids,
+                      adv_mask=action_mask if adv_mask else after_prompt, step_ids=step_ids, anchor_ids=anchor_ids,
                       token_rewards=token_rewards, sample_logprobs=sample_logprobs,
                       group_ids=torch.tensor([s.group_id for s in seqs], dtype=torch.long),
                       episode_ids=torch.tensor([-1 - i if s.episode_id is None else s.episode_id

@@ -40,13 +40,15 @@ def t(rows):
 
 def test_registry_names_and_lookup():
     assert set(ADVANTAGES) == {
-        "gae", "step_gae", "grpo", "grpo_no_std", "rloo", "reinforce_pp", "reinforce_pp_baseline"
+        "gae", "step_gae", "grpo", "grpo_no_std", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo"
     }
-    assert set(POLICY_LOSSES) == {"ppo", "vanilla"}
+    assert set(POLICY_LOSSES) == {"ppo", "vanilla", "gspo"}
     assert get_advantage("gae").fn is gae and get_policy_loss("ppo").fn is ppo_clip_loss
     # what the driver and the learner read from the entries (nothing else names an estimator)
     assert {n for n, e in ADVANTAGES.items() if e.needs_critic} == {"gae", "step_gae"}
-    assert {n for n, e in ADVANTAGES.items() if e.needs_groups} == {"grpo", "grpo_no_std", "rloo", "reinforce_pp_baseline"}
+    assert {n for n, e in ADVANTAGES.items() if e.needs_groups} == {"grpo", "grpo_no_std", "rloo", "reinforce_pp_baseline",
+                                                                    "gigpo"}
+    assert get_advantage("gigpo").settings == {"step_advantage_weight": 1.0, "norm": "std"}
     assert get_advantage("gae").report_name == "ppo" and get_advantage("rloo").report_name == "rloo"
     assert get_advantage("reinforce_pp").settings == {"whiten": True} and get_advantage("grpo").settings == {}
     assert get_policy_loss("ppo").settings == ("clip_low", "clip_high", "dual_clip")
@@ -322,6 +324,30 @@ def test_ppo_without_dual_clip_and_asymmetric_clip():
     assert_close(loss, torch.tensor(0.355))  # token 1 now -1.28: (-1.1 - 1.28 + 0.8 + 3) / 4
     with pytest.raises(ValueError, match="dual_clip"):
         ppo_clip_loss(PPO_LOGP, PPO_OLD, PPO_ADV, PPO_MASK, dual_clip=1.0)
+
+
+def test_gspo_sequence_ratio_and_clip():
+    # row 0: log-ratios ln 1.1, ln 1.5, ln 0.5 (token 3 masked out) -> s = (1.1 * 1.5 * 0.5)^(1/3) = 0.825^(1/3)
+    # row 1: log-ratios ln 2, ln 2 -> s = 2
+    logp = torch.log(t([[1.1, 1.5, 0.5, 9.0], [2.0, 2.0, 1.0, 1.0]])).requires_grad_()
+    old, mask = torch.zeros(2, 4), t([[1, 1, 1, 0], [1, 1, 0, 0]])
+    adv = t([[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, 0, 0]])
+    s0 = 0.825 ** (1 / 3)  # 0.937909: inside [0.8, 1.2]
+    loss, metrics = get_policy_loss("gspo")(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean")
+    # row 0: max(-s0, -clip(s0)) = -s0 on each token; row 1: A = -1, max(2, 1.2) = 2 (unclipped, no dual clip)
+    assert_close(loss, torch.tensor((-s0 + 2.0) / 2))
+    assert metrics["clipfrac"] == 0.0
+    # gradient: row 0 -A * s0 * d(logp_t)/(2 seqs * 3 tokens); row 1: -A * 2 / (2 * 2)
+    loss.backward()
+    assert_close(logp.grad, t([[-s0 / 6] * 3 + [0], [0.5, 0.5, 0, 0]]))
+    # asymmetric range [0.8, 1.9]: row 1 is clipped at 1.9 on its negative advantage side -> max(2, 1.9) = 2 still;
+    # with A = +1 instead, max(-2, -1.9) = -1.9 and no gradient
+    logp = logp.detach().requires_grad_()
+    loss, metrics = get_policy_loss("gspo")(logp, old, adv.abs(), mask, clip_low=0.2, clip_high=0.9, agg="seq-mean-token-mean")
+    assert_close(loss, torch.tensor((-s0 - 1.9) / 2))
+    assert metrics["clipfrac"] == pytest.approx(2 / 5)
+    loss.backward()
+    assert_close(logp.grad[1], torch.zeros(4))
 
 
 def test_vanilla_pg_loss():

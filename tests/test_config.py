@@ -62,7 +62,7 @@ def test_a_missing_config_file_is_an_error_not_the_defaults(tmp_path, monkeypatc
     ("model.tiny.rope_theta=.nan", "model.tiny.rope_theta: must be a finite number, got nan"),
     ("model.tiny.rope_theta=0", "model.tiny.rope_theta: must be > 0"),
     ("model.tiny.max_position_embeddings=512", "model.tiny.max_position_embeddings: 512 is shorter than env.max_context_tokens (1024)"),
-    ("rl.learner.policy_loss=ppo2", "rl.learner.policy_loss: unknown 'ppo2'; known: ppo, vanilla"),
+    ("rl.learner.policy_loss=ppo2", "rl.learner.policy_loss: unknown 'ppo2'; known: gspo, ppo, vanilla"),
     ("rl.learner.loss_agg=mean", "rl.learner.loss_agg: unknown 'mean'; known: token-mean, seq-mean-token-mean"),
     ("rl.learner.kl_kind=k4", "rl.learner.kl_kind: unknown 'k4'; known: k1, k2, k3"),
     ("rl.learner.lr=.inf", "rl.learner.lr: must be a finite number, got inf"),

@@ -172,6 +172,19 @@ def test_a_25_turn_episode_trains_on_the_tokens_the_policy_saw(games, context):
     assert max(len(s.context_ids) for s in traj.steps) < 2 * len(traj.steps[2].context_ids)  # bounded, not growing
 
 
+def test_each_step_records_the_state_it_started_from(games):
+    task = tasks(games, "test")[0]
+    tok = train_tokenizer(["look inventory"], vocab_size=300)
+    engine = ScriptedEngine(tok, [["look", "inventory"], "look", "look"])
+    a, b = run_episodes(engine, lambda: make_env(games, max_turns=3), [task, task], SlidingWindow(tok, window=1),
+                        SamplingParams(max_new_tokens=8), group_ids=[0, 0])
+    keys = [s.state_key for s in a.steps]
+    assert keys[0] == b.steps[0].state_key and "Admissible commands:" in keys[0]  # the same game starts the same
+    assert keys[1] == keys[2] != keys[0]  # after "look" and after a second "look": the same state
+    assert b.steps[1].state_key != keys[1]  # after "inventory": another observation
+    assert all(k == " ".join(k.split()) for k in keys)
+
+
 def test_the_random_and_oracle_baselines(games):
     from agent_r1.pipeline.stages import policy_turns
 

@@ -23,7 +23,8 @@ Dr. GRPO — Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical P
 (arXiv:2503.20783); RLOO — Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
 Optimization for Learning from Human Feedback in LLMs" (arXiv:2402.14740), after Kool et al. 2019;
 REINFORCE++ — Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language
-Models" (arXiv:2501.03262).
+Models" (arXiv:2501.03262); GiGPO — Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent
+Training" (arXiv:2505.10978).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class AdvantageInputs:
     step_ids: Tensor | None = None  # [B,T] long: turn index of each action token, -1 elsewhere
     # [B] long: the episode of each row (its step rows share it); None: each row is an episode
     episode_ids: Tensor | None = None
+    # [B,T] long: the state key its step started from, as an id (same id = same state), -1 where none (gigpo)
+    anchor_ids: Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6  # floor in the std / variance denominators
@@ -170,15 +173,21 @@ def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tens
     return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
 
 
+def _group_normalised(x: Tensor, keys: Tensor, scale: bool, eps: float) -> Tensor:
+    """``x`` [N] minus the mean of its group (same ``keys`` [N]), divided by the group's std
+    (Bessel-corrected) + ``eps`` when ``scale``; 0 for a group of one."""
+    n, total = _group_size_and_sum(x, keys)
+    centred = x - total / n
+    if scale:
+        _, sq = _group_size_and_sum(centred**2, keys)
+        centred = centred / ((sq / (n - 1).clamp(min=1)).sqrt() + eps)
+    return torch.where(n > 1, centred, 0)
+
+
 def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
     m = inp.mask.bool()
     scores, groups, ep = _scores(inp)
-    n, total = _group_size_and_sum(scores, groups)
-    centred = scores - total / n
-    if scale:
-        _, sq = _group_size_and_sum(centred**2, groups)
-        centred = centred / ((sq / (n - 1).clamp(min=1)).sqrt() + inp.eps)
-    adv = torch.where(m, torch.where(n > 1, centred, 0)[ep][:, None], 0)
+    adv = torch.where(m, _group_normalised(scores, groups, scale, inp.eps)[ep][:, None], 0)
     return adv, adv
 
 
@@ -237,3 +246,62 @@ def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple
     n, total = _group_size_and_sum(scores, groups)
     adv = torch.where(m, rtg - (total / n)[ep][:, None], 0)
     return (masked_whiten(adv, m, inp.eps) if whiten else adv), rtg
+
+
+@register_advantage("gigpo", needs_groups=True)
+def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str = "std") -> tuple[Tensor, Tensor]:
+    """GiGPO (Feng et al. 2025, arXiv:2505.10978): episode advantage + w · step advantage, on each
+    action token of a step.
+
+    - Episode advantage: ``grpo``'s (``norm: std``) or ``grpo_no_std``'s (``norm: mean``), over the
+      episodes of the group.
+    - Step advantage: the steps of a group's episodes that start from the same state
+      (``anchor_ids``, from the environment's ``state_key``) form an anchor group; a step's
+      discounted return-to-go ``G_k = sum_j>=k gamma^(j-k) R_j`` (``R_j``: step j's rewards, the
+      final reward on the last step; gamma = ``rl.gamma``, per step) minus the anchor group's mean,
+      divided by its std (Bessel-corrected) + eps with ``norm: std``. A step alone in its anchor
+      group, or without a state key, gets 0.
+    - ``w`` = ``step_advantage_weight`` (the paper's default 1; 0: the episode advantage alone).
+
+    Steps are read from ``step_ids``: a prefix-chain row holds every step of its episode; the
+    step rows of an episode (``to_sequences``) each carry their undiscounted return-to-go, from
+    which the step rewards are recovered, so both forms get the same advantages. Without
+    ``step_ids`` or ``anchor_ids`` (an environment without state keys) it is the episode advantage
+    alone. returns = advantages.
+    """
+    if norm not in ("std", "mean"):
+        raise ValueError(f"gigpo: norm must be 'std' or 'mean', got {norm!r}")
+    m = inp.mask.bool()
+    episode_adv, _ = _grpo(inp, scale=norm == "std")
+    if inp.step_ids is None or inp.anchor_ids is None:  # no state keys: no step shares an anchor group
+        return episode_adv, episode_adv
+    steps, anchors = inp.step_ids.long(), inp.anchor_ids.long()
+    _, groups, ep = _scores(inp)
+    on = m & (steps >= 0)
+    E, S = int(ep.max()) + 1, int(torch.where(on, steps, -1).max()) + 1
+    if S == 0:
+        return episode_adv, episode_adv
+    flat = torch.where(on, ep[:, None] * S + steps, E * S)  # slot E*S collects the other tokens
+    rewards_on = torch.where(on, inp.token_rewards, 0).flatten()
+    y = inp.token_rewards.new_zeros(E * S + 1).index_add_(0, flat.flatten(), rewards_on)
+    exists = torch.zeros(E * S + 1, dtype=torch.bool, device=m.device).index_fill_(0, flat[on], True)
+    anchor = torch.full((E * S + 1,), -1, dtype=torch.long, device=m.device).scatter_reduce_(
+        0, flat.flatten(), torch.where(on, anchors, -1).flatten(), "amax")
+    y, exists, anchor = y[:-1].view(E, S), exists[:-1].view(E, S), anchor[:-1].view(E, S)
+    # an episode of several rows is step rows, each carrying its return-to-go: R_k = rtg_k - rtg_(k+1)
+    step_rows = torch.bincount(ep, minlength=E) > 1
+    rewards = torch.where(step_rows[:, None], y - F.pad(y[:, 1:], (0, 1)), y)
+    G = torch.zeros_like(y)
+    later = y.new_zeros(E)
+    for k in reversed(range(S)):
+        later = torch.where(exists[:, k], rewards[:, k] + inp.gamma * later, later)
+        G[:, k] = later
+    # anchor groups: (task group, state) pairs; a step without a key is a group of its own
+    lone = -1 - torch.arange(E * S, device=m.device).view(E, S)
+    pairs = torch.stack([groups[:, None].expand(E, S)[exists], torch.where(anchor >= 0, anchor, lone)[exists]], 1)
+    _, keys = torch.unique(pairs, dim=0, return_inverse=True)
+    step_adv = torch.zeros_like(y)
+    step_adv[exists] = _group_normalised(G[exists], keys, norm == "std", inp.eps)
+    per_token = F.pad(step_adv.flatten(), (0, 1))[flat]
+    adv = torch.where(m, episode_adv + step_advantage_weight * per_token, 0)
+    return adv, adv

@@ -87,6 +87,40 @@ def ppo_clip_loss(
     return aggregate(loss, m, agg), metrics
 
 
+@register_policy_loss("gspo", settings=("clip_low", "clip_high"))
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    agg: str = "seq-mean-token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071), in its
+    GSPO-token form: the PPO clipped surrogate with the sequence-level ratio
+    ``s = exp(mean over the row's masked tokens of (logp - old))`` on every token of the row, as
+    ``s_t = sg(s) * exp(logp_t - sg(logp_t))``: its value is ``s``, its gradient ``s * grad logp_t``,
+    so a row whose tokens share one advantage gets GSPO's gradient
+    ``s * A * mean_t grad logp_t`` (with ``agg: seq-mean-token-mean``, the paper's). The clip range is
+    ``[1 - clip_low, 1 + clip_high]`` on ``s`` (the paper's ranges are ~1e-4 wide, not PPO's 0.2).
+    A row is the sequence: a whole episode for a prefix-chain row, one turn for a step row.
+    Metrics: ``clipfrac`` (token share of rows whose clipped term is active), ``approx_kl``.
+    """
+    m = mask.bool()
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    seq_log_ratio = (torch.where(m, logprobs - old_logprobs, 0).sum(-1, keepdim=True) / n).clamp(-20.0, 20.0)
+    ratio = torch.exp(seq_log_ratio.detach() + logprobs - logprobs.detach())
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    metrics = {
+        "clipfrac": aggregate((clipped > unclipped).float(), m, "token-mean").item(),
+        "approx_kl": _approx_kl(logprobs, old_logprobs, m),
+    }
+    return aggregate(loss, m, agg), metrics
+
+
 @register_policy_loss("vanilla")
 def vanilla_pg_loss(
     logprobs: Tensor,

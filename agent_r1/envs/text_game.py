@@ -236,6 +236,11 @@ class TextWorldEnv(ToolEnv):
             text += "\n\nAdmissible commands: " + ", ".join(self.state["admissible"])
         return text
 
+    def state_key(self) -> str:
+        """The observation of the current state (the game's last feedback, and the admissible commands when
+        they are shown), whitespace collapsed."""
+        return " ".join(self._observation_text().split())
+
     def admissible_turns(self) -> list[str]:
         """The commands the game accepts now (the ``random`` baseline picks one)."""
         return list(self.state.get("admissible", []))

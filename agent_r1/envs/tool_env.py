@@ -234,6 +234,12 @@ class ToolEnv:
             info.tool_errors += 1
             return 0.0, [_message("error", f"Error: {message}")]
 
+    def state_key(self) -> str | None:
+        """A key of the state the next step starts from, the same for the same state (the rollout records it on
+        each step: ``Step.state_key``); the gigpo estimator compares the steps of a task's episodes that start
+        from the same key. None (the default): no state is shared between steps."""
+        return None
+
     def end(self, stop_reason: str) -> EnvStep:
         """End the episode without a turn (the rollout loop's call when the next turn cannot fit)."""
         if self.done:

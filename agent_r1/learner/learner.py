@@ -57,7 +57,7 @@ class LearnerConfig(BaseModel):
     mini_batches: int = Field(1, ge=1)
     """Optimizer steps per pass (the batch is split into this many)."""
     policy_loss: str = "ppo"
-    """Policy loss: a name registered in agent_r1.algorithms (ppo, vanilla) or the import path of a function
+    """Policy loss: a name registered in agent_r1.algorithms (ppo, vanilla, gspo: GSPO's sequence-level ratio) or the import path of a function
     registered with @register_policy_loss (`module:fn`, `path/to/file.py:fn`)."""
 
     @field_validator("policy_loss")
@@ -69,7 +69,8 @@ class LearnerConfig(BaseModel):
     clip_low: float = Field(0.2, ge=0)
     """PPO ratio clip below 1 (ratio ≥ 1 - clip_low)."""
     clip_high: float = Field(0.2, ge=0)
-    """PPO ratio clip above 1 (ratio ≤ 1 + clip_high)."""
+    """PPO ratio clip above 1 (ratio ≤ 1 + clip_high); above clip_low it is DAPO's clip-higher (Yu et al. 2025,
+    arXiv:2503.14476: 0.28 with clip_low 0.2)."""
     dual_clip: float | None = 3.0
     """Dual-clip bound on the loss of negative-advantage tokens (> 1; null disables)."""
     loss_agg: str = "token-mean"

@@ -20,6 +20,7 @@ import logging
 import shutil
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,9 +32,10 @@ from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
-from agent_r1.learner.distributed import any_rank, gathered, is_main
+from agent_r1.learner.distributed import all_reduce, any_rank, gathered, is_main
 from agent_r1.models import load_model
 from agent_r1.pipeline import health
+from agent_r1.pipeline.curriculum import Curriculum
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
@@ -99,8 +101,12 @@ def _sample_ahead(trainer: "RLTrainer", j: int, generator: torch.Generator) -> t
 
 
 def _draw_tasks(trainer: "RLTrainer", generator: torch.Generator) -> list[dict]:
-    """``tasks_per_iteration`` of the trainer's tasks, drawn without replacement with ``generator``."""
-    pick = torch.randperm(len(trainer.tasks), generator=generator)[: trainer.cfg.tasks_per_iteration].tolist()
+    """``tasks_per_iteration`` of the trainer's tasks, drawn without replacement with ``generator``
+    (with ``rl.curriculum`` on, weighted by it: :class:`~agent_r1.pipeline.curriculum.Curriculum`)."""
+    k = trainer.cfg.tasks_per_iteration
+    if trainer.curriculum is not None:
+        return [trainer.tasks[i] for i in trainer.curriculum.draw(k, generator)]
+    pick = torch.randperm(len(trainer.tasks), generator=generator)[:k].tolist()
     return [trainer.tasks[i] for i in pick]
 
 
@@ -141,20 +147,45 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
 
     Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
     and are left out; if that leaves none, the environment is broken and this raises. With
-    ``cfg.process_rewards`` off the step rewards are left out: the final reward alone is trained on."""
+    ``cfg.process_rewards`` off the step rewards are left out: the final reward alone is trained on.
+    ``cfg.dynamic_sampling`` leaves out the groups whose episodes all got the same reward (unless that is
+    every group); ``cfg.overlong_filter`` zeroes the loss mask of the episodes that ended for its reasons.
+    Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
+    (``Step.state_key``), the share of steps that start from a state another step of their group starts from
+    (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare)."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
     if not cfg.process_rewards:  # the final reward alone (the episodes keep their step rewards, for the logs)
         trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
+    info = {}
+    keyed = Counter((t.group_id, s.state_key) for t in trajs for s in t.steps if s.state_key is not None)
+    if keyed:
+        shared, n = all_reduce([sum(c for c in keyed.values() if c > 1), keyed.total()])
+        info["rollout/shared_state_steps"] = shared / n
+    if cfg.dynamic_sampling:
+        rewards: dict[int, set[float]] = {}
+        for t in trajs:
+            rewards.setdefault(t.group_id, set()).add(t.total_reward)
+        flat = {g for g, r in rewards.items() if len(r) == 1}
+        n_flat, n_groups = all_reduce([len(flat), len(rewards)])
+        info["dapo/zero_variance_groups"] = n_flat / n_groups
+        if len(flat) < len(rewards):
+            trajs = [t for t in trajs if t.group_id not in flat]
     # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
     batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
+    batch.info = info
+    if cfg.overlong_filter:
+        cut = torch.tensor([t.stop_reason in cfg.overlong_filter for t in trajs])
+        batch.loss_mask = batch.loss_mask * ~cut[batch.episode_ids][:, None]
+        n_cut, n = all_reduce([float(cut.sum()), len(trajs)])
+        info["dapo/overlong_episodes"] = n_cut / n
     if cfg.max_staleness:  # sampled ahead, maybe by an older policy: the update corrects for it
         batch.behaviour_logprobs = batch.sample_logprobs
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
-                             values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids, gamma=cfg.gamma,
-                             lam=cfg.lam)
+                             values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids,
+                             anchor_ids=batch.anchor_ids, gamma=cfg.gamma, lam=cfg.lam)
     batch.advantages, batch.returns = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
     batch.old_values = values
     # old log-probs only where the update will need them (rows that can carry a gradient), and
@@ -173,7 +204,7 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     ``rl.max_staleness`` ≥ 1 the weights are written and handed to the rollout thread, which loads
     them between two batches."""
     t0 = time.perf_counter()
-    stats = trainer.learner.update(batch, trainer.rng)
+    stats = batch.info | trainer.learner.update(batch, trainer.rng)
     stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
     if trainer.cfg.max_staleness:  # the rollout thread loads them before its next batch
         t0 = time.perf_counter()
@@ -207,6 +238,8 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
                              f"(rl.max_staleness: {trainer.cfg.max_staleness})")
     trainer.iteration += 1
     it, cfg = trainer.iteration, trainer.cfg
+    if trainer.curriculum is not None:
+        stats = {**stats, **trainer.curriculum.update(trajs)}
     stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine_stats.items()},
              "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
              "iteration": it, "time/rollout_s": trainer.rollout_s, "time/rollout_wait_s": trainer.rollout_wait_s,
@@ -220,7 +253,7 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
             save_parquet(trajs, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
     if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
         client = {"step": it, "history": trainer.history, "rng": trainer.rng.get_state(),
-                  "torch_rng": torch.get_rng_state()}
+                  "torch_rng": torch.get_rng_state(), "curriculum": trainer.curriculum and trainer.curriculum.state()}
         save_state(trainer.learner, trainer.files.state, trainer.files.fingerprint, client)
     return stats
 
@@ -302,9 +335,12 @@ class RLTrainer:
         self.rng = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.iteration, self.history = 0, []
+        self.curriculum = Curriculum(len(tasks), cfg.curriculum) if cfg.curriculum.enabled else None
         if files is not None and resumable(files.state, files.fingerprint):
             client = self.learner.load_state(files.state)
             self.iteration, self.history = client["step"], client["history"]
+            if self.curriculum is not None and client.get("curriculum"):
+                self.curriculum.load(client["curriculum"])
             self.rng.set_state(client["rng"])
             torch.set_rng_state(client["torch_rng"])
             log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,

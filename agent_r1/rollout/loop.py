@@ -64,7 +64,8 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
             try:
                 if isinstance(res, BaseException):
                     raise res
-                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, text, res, context, params, max_context_tokens):
+                key, res = res
+                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, text, key, res, context, params, max_context_tokens):
                     still.append(i)
             except MetricError:
                 raise
@@ -158,14 +159,15 @@ def _decoded(tok, gen) -> str:
 
 
 def _steps(envs: list, texts: list[str], context_tokens: list[int]) -> list:
-    """Each environment's ``step`` on its turn: side by side in threads when every tool of every
-    environment is thread-safe (a sandboxed ``python`` call waits on its process, and many
-    episodes call at once; the tool bounds its own concurrency), else one after another. An
-    exception is returned in place of its episode's result, for the caller to contain."""
+    """Each environment's state key (``state_key``: the state the turn starts from) and ``step`` on
+    its turn: side by side in threads when every tool of every environment is thread-safe (a
+    sandboxed ``python`` call waits on its process, and many episodes call at once; the tool
+    bounds its own concurrency), else one after another. An exception is returned in place of its
+    episode's result, for the caller to contain."""
 
     def one(k: int):
         try:
-            return envs[k].step(texts[k], context_tokens=context_tokens[k])
+            return envs[k].state_key(), envs[k].step(texts[k], context_tokens=context_tokens[k])
         except Exception as e:  # noqa: BLE001 - returned, contained by the caller
             return e
 
@@ -176,9 +178,10 @@ def _steps(envs: list, texts: list[str], context_tokens: list[int]) -> list:
         return list(pool.map(one, range(len(envs))))
 
 
-def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, res, context: ContextManager,
-             params: SamplingParams, max_context_tokens: int | None) -> bool:
-    """Record one sampled turn and its environment step ``res`` in an episode; True while it goes on."""
+def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, key: str | None, res,
+             context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> bool:
+    """Record one sampled turn, the key of the state it started from and its environment step ``res`` in an
+    episode; True while it goes on."""
     info = res.info
     traj.steps.append(
         Step(
@@ -192,6 +195,7 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, res
             format_error=info.format_error,
             tool_errors=info.tool_errors,
             hit_max_new_tokens=not gen.finished,
+            state_key=key,
         )
     )
     if res.done:
