@@ -31,6 +31,7 @@ from agent_r1.tools.python import (
     SandboxUnavailable,
     checked_sandbox,
     fork_probe,
+    own_cgroup,
     python_tool,
 )
 
@@ -180,6 +181,18 @@ def test_a_32_process_memory_bomb_fails_its_call_and_the_oom_killer_takes_the_sa
     check_memory_bomb(result.text, result.info["reason"], result.error)
     assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
     assert run("print(6 * 7)").text == "42\n"
+
+
+@pytest.mark.skipif(not (own_cgroup() and os.access(own_cgroup(), os.W_OK)), reason="no writable cgroup v2 folder")
+def test_a_call_runs_in_a_cgroup_of_its_own_removed_after_it():
+    """Where this process's cgroup v2 folder is writable, the call's cgroup is made in it, the
+    sandbox enters it (else the program would not start) and it is gone after the call. The memory
+    and pids limits are written where the folder delegates those controllers."""
+    parent = own_cgroup()
+    sandbox = replace(checked_sandbox(), cgroup=parent)
+    before = {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")}
+    assert sandbox.run("print(6 * 7)").stdout == "42\n"
+    assert {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")} <= before
 
 
 def test_the_process_cap_holds_and_a_fork_bomb_fails_only_its_call():

@@ -232,16 +232,24 @@ def _claimed_uid(needed: bool) -> Iterator[int | None]:
     raise RuntimeError(f"all {UID_COUNT} sandbox uids from {UID_BASE} are in use")
 
 
-def delegated_cgroup() -> str | None:
-    """This process's cgroup v2 folder where it can make child cgroups with the memory and pids
-    controllers (they are in its ``cgroup.subtree_control`` and it is writable), else None."""
+def own_cgroup() -> str | None:
+    """This process's cgroup v2 folder, where cgroup v2 is mounted, else None."""
     try:
         own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
         mount = next(fields[4] for fields in map(str.split, Path("/proc/self/mountinfo").read_text().splitlines())
                      if fields[fields.index("-") + 1] == "cgroup2")
-        folder = os.path.join(mount, own.strip().lstrip("/"))
-        controllers = Path(folder, "cgroup.subtree_control").read_text().split()
     except (OSError, StopIteration, ValueError):
+        return None
+    return os.path.join(mount, own.strip().lstrip("/"))
+
+
+def delegated_cgroup() -> str | None:
+    """This process's cgroup v2 folder where it can make child cgroups with the memory and pids
+    controllers (they are in its ``cgroup.subtree_control`` and it is writable), else None."""
+    folder = own_cgroup()
+    try:
+        controllers = Path(folder, "cgroup.subtree_control").read_text().split() if folder else []
+    except OSError:
         return None
     return folder if {"memory", "pids"} <= set(controllers) and os.access(folder, os.W_OK) else None
 
