@@ -502,8 +502,8 @@ print(json.dumps(out))
                     reason="needs root to drop to a fresh uid, and /usr/bin/python3")
 def test_as_an_unprivileged_user(tmp_path):
     """A trainer-like process drops to a fresh uid after its imports and runs the hostile programs
-    through the tool: its Python (under /root here) is out of that uid's reach, so the tool names
-    the interpreter setting, and with /usr/bin/python3 every layer holds."""
+    through the tool. Where its own Python is out of that uid's reach (a pyenv under /root), the
+    tool names the interpreter setting; with /usr/bin/python3 every layer holds."""
     uid = 54321 + os.getpid() % 1000
     secret = secret_value()
     shared = tmp_path / "shared"
