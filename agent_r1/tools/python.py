@@ -15,8 +15,8 @@ has the table with the settings, their defaults and the opt-outs):
   interpreter starts: RLIMIT_CPU (SIGXCPU at ``cpu_s``), RLIMIT_AS (allocations fail: MemoryError),
   RLIMIT_NPROC (counted per uid, hence the call's own uid; for a non-root user, per user
   namespace), RLIMIT_FSIZE, RLIMIT_NOFILE, and no core files.
-- **The call's memory.** Where this process's cgroup v2 folder is writable and delegates the memory
-  and pids controllers, each call runs in a cgroup of its own (``memory.max`` = ``call_memory_mb``,
+- **The call's memory.** Where a cgroup v2 folder (this process's, or its parent) is writable and
+  delegates the memory and pids controllers, each call runs in a cgroup of its own (``memory.max`` = ``call_memory_mb``,
   no swap, ``pids.max``), removed after the call. Everywhere, every process of the sandbox has
   ``oom_score_adj`` 1000, so the OOM killer takes it before the trainer.
 - **Files.** The sandbox sees the system directories and the interpreter's prefix read-only, and a
@@ -240,22 +240,26 @@ def own_cgroup() -> str | None:
                      if fields[fields.index("-") + 1] == "cgroup2")
     except (OSError, StopIteration, ValueError):
         return None
-    return os.path.join(mount, own.strip().lstrip("/"))
+    return os.path.normpath(os.path.join(mount, own.strip().lstrip("/")))
 
 
 def delegated_cgroup() -> str | None:
-    """This process's cgroup v2 folder where it can make child cgroups with the memory and pids
-    controllers (they are in its ``cgroup.subtree_control`` and it is writable), else None."""
-    folder = own_cgroup()
-    try:
-        controllers = Path(folder, "cgroup.subtree_control").read_text().split() if folder else []
-    except OSError:
-        return None
-    return folder if {"memory", "pids"} <= set(controllers) and os.access(folder, os.W_OK) else None
+    """A cgroup v2 folder where this process can make cgroups with the memory and pids controllers
+    (they are in its ``cgroup.subtree_control`` and it is writable): this process's own (as in a
+    root cgroup), else its parent (the calls' cgroups beside this process's), else None."""
+    own = own_cgroup()
+    for folder in (own, os.path.dirname(own)) if own else ():
+        try:
+            controllers = Path(folder, "cgroup.subtree_control").read_text().split()
+        except OSError:
+            continue
+        if {"memory", "pids"} <= set(controllers) and os.access(folder, os.W_OK):
+            return folder
+    return None
 
 
 @contextmanager
-def _call_cgroup(parent: str | None, limits: "Limits") -> Iterator[str | None]:
+def _call_cgroup(parent: str | None, limits: Limits) -> Iterator[str | None]:
     """A fresh cgroup under `parent` holding the call's memory (``call_memory_mb``, no swap) and
     processes, removed after the call; None when `parent` is None."""
     if parent is None:
