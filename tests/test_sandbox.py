@@ -6,10 +6,15 @@ the sandbox, or in a sandbox built without it), so that the test would fail if t
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import platform
+import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -20,15 +25,64 @@ import pytest
 
 from agent_r1.tools import build_tools, get_tool, run_tool
 from agent_r1.tools.python import (
+    SYSCALLS,
     UID_BASE,
     UID_COUNT,
     SandboxUnavailable,
     checked_sandbox,
     fork_probe,
+    own_cgroup,
     python_tool,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+SECRET_NAME = "AGENT_R1_TEST_SECRET"
+# The hostile programs that run both as root and as an unprivileged trainer (test_as_an_unprivileged_user).
+# Each prints a short verdict, so that no cut of the output can hide a finding.
+ENVIRON_PROBE = """import os
+secret = {secret!r}.encode()
+readable, leaked = [], []
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        environ = open(f'/proc/{{pid}}/environ', 'rb').read()
+    except OSError:
+        continue
+    readable.append(pid)
+    if secret in environ:
+        leaked.append(pid)
+print('readable', *readable)
+print('leaked', *leaked, secret.decode() in str(os.environ))
+"""
+MEMORY_BOMB = """import os
+print(open('/proc/self/oom_score_adj').read().strip(), flush=True)
+for _ in range(31):
+    if os.fork() == 0:
+        break
+chunks = []
+while True:
+    chunks.append(b'x' * (4 << 20))
+"""
+FORK_BOMB = ("import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n"
+             "    except OSError:\n        pass")
+WRITES = """for path in {targets!r}:
+    try:
+        open(path, 'a').write('changed')
+        print('changed', path)
+    except OSError as e:
+        print('refused', path, type(e).__name__)
+"""
+NETWORK = """import socket
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=2)
+    print('tcp connected')
+except OSError as e:
+    print('tcp', type(e).__name__)
+"""
+
+
+def secret_value() -> str:
+    """A long secret whose start and end differ from any cut of the output."""
+    return f"secret-{uuid.uuid4().hex}-" + "z" * 5000 + uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,14 +167,40 @@ def test_a_memory_bomb_fails_only_its_call():
     assert run("print(len(bytearray(100 << 20)))", memory_mb=256).text == f"{100 << 20}\n"
 
 
+def check_memory_bomb(text: str, reason: str, error: str | None) -> None:
+    assert error is None and text.startswith("1000\n")  # the OOM killer's first pick
+    assert reason in ("out of memory", "killed")  # RLIMIT_AS, or the call's cgroup
+
+
+def test_a_32_process_memory_bomb_fails_its_call_and_the_oom_killer_takes_the_sandbox_first():
+    """32 processes that each fill their address space: the call ends in an error and this process
+    (the trainer) lives. Every sandboxed process has oom_score_adj 1000, and where a cgroup v2 is
+    delegated, the call's cgroup holds them to ``call_memory_mb`` together. The budgets here are
+    small, so the bomb stays under 2.5 GB on any machine."""
+    result = run(MEMORY_BOMB, memory_mb=64, max_processes=40, call_memory_mb=256, timeout_s=30)
+    check_memory_bomb(result.text, result.info["reason"], result.error)
+    assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
+    assert run("print(6 * 7)").text == "42\n"
+
+
+@pytest.mark.skipif(not (own_cgroup() and os.access(own_cgroup(), os.W_OK)), reason="no writable cgroup v2 folder")
+def test_a_call_runs_in_a_cgroup_of_its_own_removed_after_it():
+    """Where this process's cgroup v2 folder is writable, the call's cgroup is made in it, the
+    sandbox enters it (else the program would not start) and it is gone after the call. The memory
+    and pids limits are written where the folder delegates those controllers."""
+    parent = own_cgroup()
+    sandbox = replace(checked_sandbox(), cgroup=parent)
+    before = {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")}
+    assert sandbox.run("print(6 * 7)").stdout == "42\n"
+    assert {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")} <= before
+
+
 def test_the_process_cap_holds_and_a_fork_bomb_fails_only_its_call():
     count = ("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError as e:\n"
              "        print(n, type(e).__name__)\n        break\n    if pid == 0:\n        time.sleep(60)\n"
              "        os._exit(0)\n    n += 1\n")
     assert run(count, max_processes=8).text.split() in (["7", "BlockingIOError"], ["6", "BlockingIOError"])
-    bomb = ("import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n"
-            "    except OSError:\n        pass")
-    result = run(bomb, timeout_s=1, max_processes=16)
+    result = run(FORK_BOMB, timeout_s=1, max_processes=16)
     assert result.info["reason"] == "timed out"
     uid = int(result.text.split()[0])
     if os.geteuid() == 0:
@@ -174,13 +254,17 @@ def test_writing_stops_at_the_disk_cap_and_the_host_disk_is_untouched():
             "                    f.write(bytes(1 << 20))\n                    total += 1 << 20\n"
             "    except OSError as e:\n        print(name, e.strerror)\n    for f in os.listdir('.'):\n"
             "        if f.startswith(name):\n            os.remove(f)\nprint(total >> 20)")
-    free_before = os.statvfs("/").f_bavail * os.statvfs("/").f_frsize
+    marker = f"sandbox-{uuid.uuid4().hex}"
+    code += (f"\nopen('{marker}', 'w').write('left?')\n"  # the working directory's mount: type, place, size
+             "mount = next(m for m in map(str.split, open('/proc/self/mountinfo')) if m[4] == '/tmp')\n"
+             "print(mount[mount.index('-') + 1], mount[4], *[o for o in mount[-1].split(',') if o.startswith('size')])")
     result = run(code, disk_mb=16)
     lines = result.text.splitlines()
-    assert lines[0] == "many No space left on device"
+    assert lines[0] == "many No space left on device"  # 2 MB files, each under RLIMIT_FSIZE: the tmpfs is full
     assert lines[1] in ("one File too large", "one No space left on device")
     assert int(lines[2]) <= 32  # at most 16 MB written each time
-    assert abs(os.statvfs("/").f_bavail * os.statvfs("/").f_frsize - free_before) < 64 << 20
+    assert lines[3] == "tmpfs /tmp size=16384k"  # in memory, 16 MB, and gone with the call:
+    assert not any((d / marker).exists() for d in (REPO, Path("/tmp"), Path(tempfile.gettempdir()), Path.cwd()))
 
 
 # --- network --------------------------------------------------------------------------------------
@@ -226,15 +310,23 @@ def test_code_cannot_signal_or_see_processes_outside_its_call():
     assert max(eval(lines[2])) < 10 and result.info["exit_code"] == 0
 
 
+def check_environ(text: str, pid_1_readable: bool) -> None:
+    readable, leaked = text.splitlines()
+    assert readable.split()[0] == "readable" and ("1" in readable.split()) == pid_1_readable
+    assert leaked == "leaked False"
+
+
 def test_code_cannot_read_the_trainers_environment(monkeypatch):
-    secret = f"secret-{uuid.uuid4().hex}"
-    monkeypatch.setenv("AGENT_R1_TEST_SECRET", secret)
-    code = ("import os\nprint(dict(os.environ))\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
-            "        print(open(f'/proc/{pid}/environ', 'rb').read())\n    except OSError as e:\n"
-            "        print(pid, type(e).__name__)")
-    assert secret in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
-    result = run(code)
-    assert result.info["exit_code"] == 0 and secret not in result.text
+    """Not in its own environment, nor in any /proc/*/environ it can read: bwrap's pid 1 stays in
+    the sandbox, and as root without the uid switch (allow_no_process_cap) it is readable."""
+    secret = secret_value()
+    monkeypatch.setenv(SECRET_NAME, secret)
+    probe = ENVIRON_PROBE.format(secret=secret)
+    outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
+    assert outside.splitlines()[1].endswith("True")  # the probe sees the secret where it is
+    check_environ(run(probe).text, pid_1_readable=os.geteuid() != 0)
+    if os.geteuid() == 0:
+        check_environ(replace(checked_sandbox(), setpriv=None).run(probe).stdout, pid_1_readable=True)
 
 
 def test_code_cannot_make_a_user_namespace_memfd_or_shared_memory():
@@ -252,6 +344,19 @@ def test_code_cannot_make_a_user_namespace_memfd_or_shared_memory():
         "unshare -Ur 1"]
     unfiltered = replace(checked_sandbox(), syscall_filter=None).run(code)
     assert unfiltered.stdout.splitlines()[0] == "unshare 0 Success" and "memfd ok" in unfiltered.stdout
+
+
+@pytest.mark.skipif(platform.machine() not in SYSCALLS, reason="no syscall numbers for this architecture")
+def test_code_cannot_use_keyrings_io_uring_bpf_perf_events_or_ptrace():
+    numbers = SYSCALLS[platform.machine()][1]
+    names = ["add_key", "request_key", "keyctl", "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf",
+             "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev"]
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+            f"for name, number in {[(n, numbers[n]) for n in names]!r}:\n"
+            "    print(name, libc.syscall(number, 0, 0, 0, 0, 0, 0), ctypes.get_errno())")
+    expected = [f"{name} -1 {errno.EPERM}" for name in names]
+    assert checked_sandbox().run(code).stdout.splitlines() == expected
+    assert replace(checked_sandbox(), syscall_filter=None).run(code).stdout.splitlines() != expected
 
 
 # --- concurrency ----------------------------------------------------------------------------------
@@ -283,10 +388,9 @@ def test_a_missing_layer_stops_the_factory_with_one_line():
 
 def test_the_machine_is_checked_once_per_process():
     python_tool()
-    hits = checked_sandbox.cache_info().hits
-    start = time.perf_counter()
+    info = checked_sandbox.cache_info()
     python_tool(timeout_s=3)
-    assert checked_sandbox.cache_info().hits == hits + 1 and time.perf_counter() - start < 0.05
+    assert checked_sandbox.cache_info()[:2] == (info.hits + 1, info.misses)  # no second check ran
 
 
 def test_a_config_entry_builds_the_tool_and_bad_limits_are_refused():
@@ -296,3 +400,140 @@ def test_a_config_entry_builds_the_tool_and_bad_limits_are_refused():
         python_tool(cpu_s=1.5)
     with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
         python_tool(max_concurrency=0)
+
+
+# --- descriptors ----------------------------------------------------------------------------------
+
+def call_with_many_descriptors_open(tool) -> list[str]:
+    """With 1,100 descriptors open in the trainer (so some are >= 1024, past select()): the
+    observations of a clean call and a timed-out one, and whether this process's descriptors
+    are the same before and after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 2048)), hard))
+    opened = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        texts = [run_tool(tool, {"code": code}).text for code in ("print(6 * 7)", "import time; time.sleep(100)")]
+        return texts + [str(sorted(os.listdir("/proc/self/fd")) == before)]
+    finally:
+        for fd in opened:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_call_works_with_1100_descriptors_open_and_leaks_none():
+    assert call_with_many_descriptors_open(python_tool(timeout_s=1)) == [
+        "42\n", "stopped: timed out after 1 s", "True"]
+
+
+# --- the uid lock folder --------------------------------------------------------------------------
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uid locks are taken as root only")
+@pytest.mark.parametrize("plant", ["another owner", "open to all", "symlink"])
+def test_a_planted_uid_lock_folder_is_refused(tmp_path, monkeypatch, plant):
+    """In a shared /tmp, a folder (or symlink) planted by another user must not be trusted: it could
+    hold every lock, or make root create files elsewhere."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder, elsewhere = tmp_path / "agent-r1-sandbox-uids", tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if plant == "symlink":
+        folder.symlink_to(elsewhere)
+    else:
+        folder.mkdir()
+        folder.chmod(0o777 if plant == "open to all" else 0o700)
+        if plant == "another owner":
+            os.chown(folder, 54321, 54321)
+    with pytest.raises(SandboxUnavailable, match="uid lock folder") as caught:
+        checked_sandbox().run("print(1)")
+    assert "\n" not in str(caught.value) and os.listdir(elsewhere) == []
+    os.unlink(folder) if plant == "symlink" else os.rmdir(folder)
+    assert checked_sandbox().run("print(1)").stdout == "1\n"  # a folder of its own is made
+    made = folder.lstat()
+    assert (made.st_uid, made.st_mode & 0o7777) == (0, 0o700) and folder.is_dir() and not folder.is_symlink()
+
+
+# --- interpreter and bubblewrap version --------------------------------------------------------------
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="no /usr/bin/python3")
+def test_the_interpreter_setting_names_another_python():
+    assert run("import sys\nprint(sys.executable)", interpreter="/usr/bin/python3").text \
+        == os.path.realpath("/usr/bin/python3") + "\n"
+    with pytest.raises(SandboxUnavailable, match="set interpreter: to a Python 3 it can read") as caught:
+        python_tool(interpreter="/nonexistent/bin/python3")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bubblewrap_older_than_0_7_is_refused_with_both_versions(tmp_path):
+    old = tmp_path / "bwrap"
+    old.write_text("#!/bin/sh\necho bubblewrap 0.6.1\n")
+    old.chmod(0o755)
+    with pytest.raises(SandboxUnavailable) as caught:
+        python_tool(bwrap=str(old))
+    message = str(caught.value)
+    assert "\n" not in message and "bubblewrap 0.6.1" in message and "0.7 or later" in message
+
+
+# --- as an unprivileged user ----------------------------------------------------------------------
+
+_UNPRIVILEGED_TRAINER = """import json, os, sys
+from agent_r1.tools import run_tool
+from agent_r1.tools.python import SandboxUnavailable, python_tool
+from tests.test_sandbox import call_with_many_descriptors_open
+uid, programs = int(sys.argv[1]), json.loads(sys.stdin.read())
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+try:
+    python_tool()
+    default = 'built'
+except SandboxUnavailable as e:
+    default = str(e)
+settings = {'interpreter': '/usr/bin/python3'}
+out = {'default': default, 'own python readable': os.access(os.path.realpath(sys.executable), os.R_OK)}
+for name, (code, limits) in programs.items():
+    result = run_tool(python_tool(**settings, **limits), {'code': code})
+    out[name] = [result.text, result.info.get('reason'), result.error]
+out['descriptors'] = call_with_many_descriptors_open(python_tool(**settings, timeout_s=1))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root to drop to a fresh uid, and /usr/bin/python3")
+def test_as_an_unprivileged_user(tmp_path):
+    """A trainer-like process drops to a fresh uid after its imports and runs the hostile programs
+    through the tool. Where its own Python is out of that uid's reach (a pyenv under /root), the
+    tool names the interpreter setting; with /usr/bin/python3 every layer holds."""
+    uid = 54321 + os.getpid() % 1000
+    secret = secret_value()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # the trainer's uid could write here; the sandbox cannot even see it
+    marker = f"sandbox-{uuid.uuid4().hex}"
+    targets = [str(shared / marker), f"/tmp/{marker}", str(REPO / marker), f"/usr/{marker}"]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        programs = {
+            "environ": (ENVIRON_PROBE.format(secret=secret), {}),
+            "memory bomb": (MEMORY_BOMB, {"memory_mb": 64, "max_processes": 40, "call_memory_mb": 256,
+                                          "timeout_s": 30}),
+            "fork bomb": (FORK_BOMB, {"timeout_s": 1, "max_processes": 16}),
+            "after": ("print('next')", {}),
+            "writes": (WRITES.format(targets=targets), {}),
+            "network": (NETWORK.format(port=server.getsockname()[1]), {}),
+        }
+        child = subprocess.run([sys.executable, "-c", _UNPRIVILEGED_TRAINER, str(uid)], input=json.dumps(programs),
+                               capture_output=True, text=True, cwd=REPO, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(REPO), SECRET_NAME: secret})
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = json.loads(child.stdout.splitlines()[-1])
+    if not out["own python readable"]:
+        assert "set interpreter: to a Python 3 it can read, e.g. /usr/bin/python3" in out["default"]
+    check_environ(out["environ"][0], pid_1_readable=True)
+    check_memory_bomb(*out["memory bomb"])
+    assert out["fork bomb"][1] == "timed out" and out["fork bomb"][0].startswith(f"{uid}\n")
+    assert out["after"][0] == "next\n" and _processes(uid=uid) == []
+    # /tmp inside is the sandbox's own working directory: writing there is fine, and stays there
+    assert [line.split()[0] for line in out["writes"][0].splitlines()] == ["refused", "changed", "refused", "refused"]
+    assert not any(Path(t).exists() for t in targets) and os.listdir(shared) == []
+    assert out["network"][0] == "tcp ConnectionRefusedError\n"
+    assert out["descriptors"] == ["42\n", "stopped: timed out after 1 s", "True"]
