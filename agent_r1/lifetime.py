@@ -64,9 +64,9 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     if proc.returncode is None:
         _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while not _exited(proc.pid) and time.monotonic() < deadline:
+        while _exited(proc.pid) is False and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not _reaped(proc.pid):  # a zombie leader still holds the group's id
+        if _exited(proc.pid) is not None:  # not reaped: the (zombie) leader still holds the group's id
             _signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
 
@@ -91,20 +91,13 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _exited(pid: int) -> bool:
-    """Whether our child `pid` has exited, without reaping it (it stays a zombie)."""
+def _exited(pid: int) -> bool | None:
+    """Whether our child `pid` has exited, without reaping it (it stays a zombie); None once it is
+    reaped (by `Popen.poll`, say)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped already
-        return True
-
-
-def _reaped(pid: int) -> bool:
-    try:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        return False
     except ChildProcessError:
-        return True
+        return None
 
 
 # ------------------------------------------------------------------------------ the watchdog

@@ -151,7 +151,7 @@ def test_stop_ends_the_group_even_a_process_that_ignores_sigterm():
     proc = lifetime.start([sys.executable, "-c", stubborn], stdout=subprocess.PIPE, grace_s=0.5)
     assert proc.stdout.readline() == b"ready\n"
     lifetime.stop(proc, grace_s=30)  # the watchdog's own grace (0.5 s) ends it first
-    assert proc.returncode is not None and not group(proc.pid)
+    assert proc.returncode is not None and group_ends(proc.pid)
     lifetime.stop(proc)  # idempotent: a reaped leader is never signalled
 
 
@@ -165,4 +165,4 @@ def test_a_stdout_line_without_end_ends_the_group():
     assert out.startswith(b"ok\n") and len(out) <= 3 + 4096 + 65536
     assert err.decode().strip() == "agent-r1 watchdog: the process wrote a stdout line of more than 4096 bytes; " \
                                    "ending its process group"
-    assert not group(proc.pid)
+    assert group_ends(proc.pid)

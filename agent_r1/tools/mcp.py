@@ -58,8 +58,9 @@ class MCPConfigError(ValueError):
 
 
 class MCPToolError(RuntimeError):
-    """A call that failed on the server's side: an ``isError`` result, a JSON-RPC error, a refused result, a
-    timeout, or the server lost during the call (or for good)."""
+    """A call that failed on the server's side: an ``isError`` result, a JSON-RPC error, a result
+    refused (against the tool's ``outputSchema``), a timeout, or the server lost during the call
+    (or for good)."""
 
 
 @dataclass(frozen=True)
