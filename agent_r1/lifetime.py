@@ -101,7 +101,7 @@ def _exited(pid: int) -> bool | None:
 
 
 # ------------------------------------------------------------------------------ the watchdog
-def _relay(pipe: int, limit: int, why: list[str]) -> None:
+def _relay(pipe: int, limit: int, why: list[str | None]) -> None:
     """Copy the command's stdout to ours; on a line longer than `limit` bytes, say so in `why` and stop."""
     line = 0
     while chunk := os.read(pipe, 65536):
@@ -121,9 +121,9 @@ def _relay(pipe: int, limit: int, why: list[str]) -> None:
 def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | None) -> int:
     """Run `cmd` in this process group until it exits, `parent` dies, SIGTERM comes or (with
     `max_line_bytes`) its stdout has a line too long; then end the group, this process last."""
-    why: list[str] = []
-    signal.signal(signal.SIGTERM, lambda *_: why.append("asked to stop"))
-    signal.signal(signal.SIGINT, lambda *_: why.append("asked to stop"))
+    why: list[str | None] = []  # why to end the group (None: asked to, by a signal; nothing to say)
+    signal.signal(signal.SIGTERM, lambda *_: why.append(None))
+    signal.signal(signal.SIGINT, lambda *_: why.append(None))
     child = subprocess.Popen(cmd, close_fds=False, preexec_fn=functools.partial(die_with, os.getpid()),
                              stdout=subprocess.PIPE if max_line_bytes else None)
     if max_line_bytes:
@@ -132,8 +132,8 @@ def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | No
         while child.poll() is None and not why and os.getppid() == parent:
             time.sleep(0.1)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches this process too
-        if child.returncode is None:  # (a command that exited said why itself)
-            reason = why[0] if why else f"its owner {parent} is gone"
+        reason = why[0] if why else None if child.returncode is not None else f"its owner {parent} is gone"
+        if reason:  # (a command that exited said why itself)
             print(f"agent-r1 watchdog: {reason}; ending its process group", file=sys.stderr, flush=True)
     except OSError:  # nobody reads our stderr any more (the owner's pipe)
         pass
