@@ -14,6 +14,8 @@ trainer ends, SIGKILL included.
 - `stop` ends the group from the trainer: SIGTERM, then SIGKILL after ``grace_s``, then reaps
   the watchdog. It signals the group only while the watchdog is unreaped, so its pid (the group's
   id) cannot have been reused.
+- ``remove_when_orphaned``: paths (globs) of the trainer's that the watchdog removes once the
+  trainer is gone (the vLLM weights it wrote to ``/dev/shm``), so that its SIGKILL leaves none;
 - ``max_line_bytes``: the command's stdout passes through the watchdog, and a line longer than this
   (a flood without a newline) ends the group, with a line on stderr saying why, instead of
   being buffered by the reader without limit.
@@ -22,14 +24,16 @@ Code that starts the process itself (the MCP SDK) runs `watched` (the command li
 of its own. Processes forked by the command (game processes) call `die_with` themselves.
 
 Standard library only: the watchdog runs under other Pythons (the vLLM environment's), as
-``python -I lifetime.py --watch PARENT [--grace S] [--max-line-bytes N] -- COMMAND...``.
+``python -I lifetime.py --watch PARENT [--grace S] [--max-line-bytes N] [--remove GLOB]... -- COMMAND...``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,21 +45,22 @@ _SCRIPT = str(Path(__file__).resolve())
 
 
 def watched(cmd: list[str], *, python: str | os.PathLike = sys.executable, grace_s: float = 10.0,
-            max_line_bytes: int | None = None) -> list[str]:
+            max_line_bytes: int | None = None, remove_when_orphaned: list[str] = ()) -> list[str]:
     """The command line that runs `cmd` under the watchdog, tied to this process; whoever starts it
     must give it a session of its own (``start_new_session=True``)."""
-    limit = ["--max-line-bytes", str(max_line_bytes)] if max_line_bytes else []
-    return [str(python), "-I", _SCRIPT, "--watch", str(os.getpid()), "--grace", f"{grace_s:g}", *limit, "--",
-            *map(str, cmd)]
+    options = ["--grace", f"{grace_s:g}"] + (["--max-line-bytes", str(max_line_bytes)] if max_line_bytes else [])
+    options += [x for pattern in remove_when_orphaned for x in ("--remove", str(pattern))]
+    return [str(python), "-I", _SCRIPT, "--watch", str(os.getpid()), *options, "--", *map(str, cmd)]
 
 
 def start(cmd: list[str], *, python: str | os.PathLike = sys.executable, grace_s: float = 10.0,
-          max_line_bytes: int | None = None, **popen) -> subprocess.Popen:
+          max_line_bytes: int | None = None, remove_when_orphaned: list[str] = (), **popen) -> subprocess.Popen:
     """Start `cmd` under the watchdog (see the module docstring); `popen` are `subprocess.Popen`'s
     other arguments (``stdout``, ``env``, ``cwd``, ``pass_fds``: they reach `cmd`). The returned
     process is the watchdog, the group's leader; end it with `stop`."""
-    return subprocess.Popen(watched(cmd, python=python, grace_s=grace_s, max_line_bytes=max_line_bytes),
-                            start_new_session=True, **popen)
+    line = watched(cmd, python=python, grace_s=grace_s, max_line_bytes=max_line_bytes,
+                   remove_when_orphaned=remove_when_orphaned)
+    return subprocess.Popen(line, start_new_session=True, **popen)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -118,7 +123,7 @@ def _relay(pipe: int, limit: int, why: list[str | None]) -> None:
             return
 
 
-def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | None) -> int:
+def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | None, remove: list[str]) -> int:
     """Run `cmd` in this process group until it exits, `parent` dies, SIGTERM comes or (with
     `max_line_bytes`) its stdout has a line too long; then end the group, this process last."""
     why: list[str | None] = []  # why to end the group (None: asked to, by a signal; nothing to say)
@@ -142,20 +147,25 @@ def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | No
         deadline = time.monotonic() + grace_s
         while child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if os.getppid() != parent:
+            for path in (p for pattern in remove for p in glob.glob(pattern)):
+                shutil.rmtree(path, ignore_errors=True)
         os.killpg(0, signal.SIGKILL)  # whatever is left of the group (vLLM's engine core too), this process last
     return 1
 
 
 def _main(argv: list[str]) -> int:
-    usage = "usage: lifetime.py --watch PARENT_PID [--grace S] [--max-line-bytes N] -- COMMAND..."
-    if "--" not in argv or len(argv) < 3 or argv[0] != "--watch":
+    usage = "usage: lifetime.py --watch PARENT_PID [--grace S] [--max-line-bytes N] [--remove GLOB]... -- COMMAND..."
+    if "--" not in argv or argv[:1] != ["--watch"] or len(argv[:argv.index("--")]) % 2:
         sys.exit(usage)
     options, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    values = dict(zip(options[2::2], options[3::2]))
-    if not cmd or set(values) - {"--grace", "--max-line-bytes"} or len(options) % 2:
+    pairs = list(zip(options[2::2], options[3::2]))
+    if not cmd or {k for k, _ in pairs} - {"--grace", "--max-line-bytes", "--remove"}:
         sys.exit(usage)
+    values = dict(pairs)
     limit = int(values["--max-line-bytes"]) if "--max-line-bytes" in values else None
-    return _watch(int(options[1]), cmd, float(values.get("--grace", 10.0)), limit)
+    remove = [v for k, v in pairs if k == "--remove"]
+    return _watch(int(options[1]), cmd, float(values.get("--grace", 10.0)), limit, remove)
 
 
 if __name__ == "__main__":

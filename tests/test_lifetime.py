@@ -88,13 +88,16 @@ def children_of(parent: int) -> list[int]:
 TRAINER = """
 import sys, threading
 from agent_r1 import lifetime
+from agent_r1.rollout.vllm_engine import weights_dir, weights_of_this_process
 from agent_r1.rollout.vllm_server import VLLMServer
 from agent_r1.tools import mcp_tools, run_tool
 
 def start():  # in a thread that ends, as a Prefect task's worker thread does
     own = lifetime.start([sys.executable, "-c", %(spawner)r], stdout=-1)
     assert own.stdout.readline() == b"ready\\n"
-    VLLMServer("standin", python=sys.executable, env={"PYTHONPATH": %(standin)r}, startup_timeout_s=60).start()
+    weights = weights_dir(%(shm)r) / "model"  # as a served copy's
+    VLLMServer("standin", python=sys.executable, env={"PYTHONPATH": %(standin)r}, startup_timeout_s=60,
+               remove_when_orphaned=[weights_of_this_process(weights)]).start()
     spawn = next(t for t in mcp_tools(command=sys.executable, args=[%(demo)r]) if t.name == "spawn")
     run_tool(spawn, {})
 
@@ -109,23 +112,27 @@ threading.Event().wait()
 def test_a_sigkilled_trainer_leaves_no_process_of_its_servers(tmp_path):
     """A trainer-like process starts, from a thread that then ends, a stand-in server through the
     helper, a vLLM server (a stand-in `vllm` module) and an MCP server; each has started a process
-    of its own. The servers outlive the thread; the trainer's SIGKILL ends each whole group."""
+    of its own. The servers outlive the thread; the trainer's SIGKILL ends each whole group, and
+    the vLLM server's watchdog removes the trainer's weights folder."""
     api = tmp_path / "vllm" / "entrypoints" / "openai"
     api.mkdir(parents=True)
     for folder in (api, api.parent, api.parent.parent):
         (folder / "__init__.py").touch()
     (api / "api_server.py").write_text(VLLM_STANDIN)
-    script = TRAINER % {"spawner": SPAWNER, "standin": str(tmp_path), "demo": DEMO}
+    shm = tmp_path / "shm"
+    script = TRAINER % {"spawner": SPAWNER, "standin": str(tmp_path), "demo": DEMO, "shm": str(shm)}
     trainer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, stdout=subprocess.PIPE,
                                env=os.environ | {"PYTHONPATH": str(ROOT)})
     try:
         assert trainer.stdout.readline() == b"ready\n"
         groups = watchdogs_of(trainer.pid)
         assert len(groups) == 3 and all(len(group(g)) >= 3 for g in groups), {g: group(g) for g in groups}
+        assert [p.name.split(".")[1] for p in shm.iterdir()] == [str(trainer.pid)]
     finally:
         trainer.kill()
         trainer.wait()
     assert all(group_ends(g) for g in groups), {g: group(g) for g in groups}
+    assert not list(shm.iterdir())
 
 
 def test_a_sigkilled_watchdog_takes_its_command_with_it():

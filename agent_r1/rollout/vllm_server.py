@@ -53,16 +53,19 @@ class VLLMServer:
 
     ``args`` are extra command-line options of vLLM's server; ``env`` extra environment variables.
     ``VLLM_SERVER_DEV_MODE=1`` opens ``/collective_rpc`` and ``/reset_prefix_cache`` (weight sync).
+    ``remove_when_orphaned``: globs of the trainer's files (its weights copies) that the server's
+    watchdog removes when the trainer dies.
     """
 
     def __init__(self, model: str | Path, *, python: str | Path = DEFAULT_PYTHON, args: list[str] = (),
-                 env: dict | None = None, startup_timeout_s: float = 300.0, log_path: str | Path | None = None):
+                 env: dict | None = None, startup_timeout_s: float = 300.0, log_path: str | Path | None = None,
+                 remove_when_orphaned: list[str] = ()):
         self.python = Path(python)
         if not self.python.exists():
             raise FileNotFoundError(f"rollout.engine=vllm: no vLLM environment at {self.python.parent.parent} "
                                     "(run `make vllm`, or set rollout.vllm.url to a running server)")
         self.model, self.args, self.env = str(model), list(args), dict(env or {})
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s, self.remove_when_orphaned = startup_timeout_s, list(remove_when_orphaned)
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="vllm-server.", suffix=".log")
             os.close(fd)  # start() opens it by name
@@ -85,7 +88,8 @@ class VLLMServer:
         env = _without_launcher(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
         with open(self.log_path, "ab") as log:  # the watchdog leads a process group: the server and its children
             self.proc = lifetime.start(self.command(), python=self.python, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, env=env)
+                                       stdin=subprocess.DEVNULL, env=env,
+                                       remove_when_orphaned=self.remove_when_orphaned)
         t0 = time.monotonic()
         while not healthy(self.url):
             if self.proc.poll() is not None:
