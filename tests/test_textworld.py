@@ -9,8 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -22,10 +22,11 @@ from agent_r1.context import SlidingWindow, Summary  # noqa: E402
 from agent_r1.data import task_records  # noqa: E402
 from agent_r1.data.text_games import GamesConfig, game_seed, write_text_games  # noqa: E402
 from agent_r1.envs import TextWorldEnv  # noqa: E402
-from agent_r1.envs.text_game import GameEngineError, clean_feedback, parse_command  # noqa: E402
+from agent_r1.envs.text_game import GameEngine, GameEngineError, clean_feedback, parse_command  # noqa: E402
 from agent_r1.models import train_tokenizer  # noqa: E402
 from agent_r1.rollout import SamplingParams, ScriptedEngine, play_policy, run_episodes  # noqa: E402
 from agent_r1.trajectory import to_sequences  # noqa: E402
+from tests.test_lifetime import group, group_ends  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +131,12 @@ def test_a_game_engine_killed_or_hung_mid_episode_ends_only_its_episode(games):
         assert trajs[1].stop_reason == "won", trajs[1].error
 
 
-def test_no_game_process_outlives_a_killed_trainer(games, tmp_path):
+def test_no_game_process_or_folder_outlives_a_killed_trainer(games):
+    """The game server and its games die with a SIGKILLed trainer (its watchdog ends the group),
+    and no agent-r1 folder is left: the server's working folder was removed as it was entered."""
     task = tasks(games, "train")[0]
     script = textwrap.dedent(f"""
-        import os, sys, time
+        import os
         from agent_r1.envs import TextWorldEnv
         envs = []
         for _ in range(3):
@@ -142,17 +145,44 @@ def test_no_game_process_outlives_a_killed_trainer(games, tmp_path):
             envs.append(env)
         from agent_r1.envs import text_game
         print(text_game._SERVER.process.pid, *[e.engine.pid for e in envs], flush=True)
-        time.sleep(600)
+        os.read(0, 1)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 4 and len(pids_alive(pids)) == 4
+    before = set(Path(tempfile.gettempdir()).glob("agent-r1-*"))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog, *game_pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(group(watchdog)) == 5 and len(pids_alive(game_pids)) == 3  # the watchdog, the server, 3 games
+    [server] = [p for p in group(watchdog) if p != watchdog and p not in game_pids]
+    workdir = os.readlink(f"/proc/{server}/cwd")
+    assert workdir.endswith(" (deleted)") and Path(workdir).name.startswith("agent-r1-games-")
     proc.kill()
     proc.wait()
-    deadline = time.time() + 10
-    while pids_alive(pids) and time.time() < deadline:
-        time.sleep(0.1)
-    assert pids_alive(pids) == []
+    assert group_ends(watchdog), f"left: {group(watchdog)}"
+    assert not set(Path(tempfile.gettempdir()).glob("agent-r1-*")) - before
+
+
+def test_commands_about_the_game_itself_are_refused(games):
+    """`restart` then `yes` would start the game over under a score that no longer counts: the
+    walkthrough would then win with score 0 and a final reward of 0.5. Refused, it wins with 1.0.
+    A game's own `save` fails: its working folder is gone."""
+    task = tasks(games, "test")[0]
+    env = make_env(games)
+    env.reset(task)
+    first, *rest = task["walkthrough"]
+    assert env.step(first).reward == 1.0
+    for command in ["restart", "yes", "Save", "script on", "quit", "y", "undo"]:
+        res = env.step(command)
+        assert res.reward == 0.0 and not res.done
+        if command not in ("yes", "y"):
+            assert res.observation[0]["content"].startswith(f"`{command}` is a command about the game itself, not "
+                                                            "played here; write a game command.")
+    for command in rest:
+        res = env.step(command)
+    assert res.info.stop_reason == "won" and res.info.final_reward == 1.0
+    assert res.info.metrics["score_fraction"] == 1.0 and res.info.metrics["invalid_commands"] == 7
+    engine = GameEngine(games / task["game"])
+    engine.start()
+    assert "Save failed" in engine.step("save")["feedback"]
+    engine.close()
 
 
 @pytest.mark.parametrize("context", ["window", "summary"])

@@ -25,6 +25,7 @@ from agent_r1.learner import save_hf_checkpoint, token_logprobs
 from agent_r1.models import TinyModelConfig, build_tiny_model
 from agent_r1.rollout import HFEngine, SamplingParams
 from agent_r1.rollout.vllm_server import DEFAULT_PYTHON, ROOT, VLLMServer, post
+from tests.test_lifetime import group as _group, group_ends as _group_ends
 
 pytestmark = pytest.mark.slow
 
@@ -231,33 +232,12 @@ def test_server_dies_with_its_owner(served):
     assert _group_ends(pgid), "a vLLM server outlived its SIGKILLed owner"
 
 
-def _group(pgid: int) -> list[int]:
-    """Pids of the live processes of process group ``pgid``."""
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            stat = (p / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            if p.name.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(p.name))
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def _group_ends(pgid: int, timeout_s: float = 30) -> bool:
-    """Whether process group ``pgid`` is gone within ``timeout_s`` (a server's, after its trainer died)."""
-    t0 = time.monotonic()
-    while _group(pgid) and time.monotonic() - t0 < timeout_s:
-        time.sleep(0.2)
-    return not _group(pgid)
-
-
 def _watchdog_of(parent: int) -> int | None:
     """The pid of the server watchdog (the leader of the server's process group) started by ``parent``."""
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and f"--watch\0{parent}\0".encode() in (p / "cmdline").read_bytes():
+            cmdline = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
+            if f"lifetime.py\0--watch\0{parent}\0".encode() in cmdline and b"vllm.entrypoints" in cmdline:
                 return int(p.name)
         except OSError:
             pass
@@ -358,7 +338,8 @@ def _watchdogs() -> set[int]:
     out = set()
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and b"vllm_server.py\0--watch\0" in (p / "cmdline").read_bytes():
+            cmdline = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
+            if b"lifetime.py\0--watch\0" in cmdline and b"vllm.entrypoints" in cmdline:
                 out.add(int(p.name))
         except OSError:
             pass

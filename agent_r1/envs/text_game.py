@@ -13,6 +13,10 @@ without being taught a format. An empty turn is a format error.
 - Step reward: the game's intermediate reward (+1 a step towards the quest, -1 a step away,
   0 neither) times ``process_reward``.
 - Final reward: half for winning, half for the score as a fraction of the maximum.
+- Commands about the game itself (``restart``, ``quit``, ``save``, ``restore``, ``undo``,
+  ``script``, ...: `META_COMMANDS`) never reach the game: they would reset the score under a game
+  that still counts as won, or write files. The observation says so; the turn counts as an
+  invalid command and earns no reward.
 - An episode ends when the game is won or lost (``stop_reason`` ``won`` / ``lost``) or at
   ``max_turns``.
 
@@ -20,7 +24,8 @@ Every game runs in its own process, forked from a server process that has TextWo
 (agent_r1/envs/game_server.py: a few ms a game). A game engine that raises, dies or does not
 answer within ``step_timeout_s`` is killed, and its episode ends with an environment error
 (``stop_reason="env_error"``); the run goes on. A game process ends with its episode; the server
-and every game process die with the trainer.
+and every game process die with the trainer (agent_r1/lifetime.py), and the server leaves no
+folder behind (agent_r1/envs/game_server.py).
 """
 
 from __future__ import annotations
@@ -29,22 +34,23 @@ import atexit
 import contextlib
 import functools
 import importlib.util
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from agent_r1 import lifetime
 from agent_r1.envs.metrics import Metric
 from agent_r1.envs.tool_env import EnvStep, StepInfo, ToolEnv
 
 SYSTEM_PROMPT = ("You are playing a text adventure game. Reach the goal the game gives you. Reply with exactly one "
                  "game command per turn, such as: go north, take key, open chest, unlock door with key.")
+# Inform 7's out-of-world commands (first words): the game itself, not its world
+META_COMMANDS = frozenset({"restart", "quit", "q", "save", "restore", "undo", "oops", "script", "transcript",
+                           "unscript", "noscript", "verbose", "brief", "superbrief", "notify", "version"})
 INSTALL_HINT = 'the textworld environment needs TextWorld: pip install -e ".[textworld]"'
 
 
@@ -59,15 +65,14 @@ def textworld_available() -> bool:
 
 # ------------------------------------------------------------------------------ the engine process
 class _GameServer:
-    """The game server process (agent_r1/envs/game_server.py), started on the first game."""
+    """The game server process (agent_r1/envs/game_server.py, under agent_r1/lifetime.py's
+    watchdog), started on the first game."""
 
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         script = str(Path(__file__).with_name("game_server.py"))
-        # its own working folder: a game's meta-commands (save, script) write files where it runs
-        self.workdir = tempfile.TemporaryDirectory(prefix="agent-r1-games-")
-        self.process = subprocess.Popen([sys.executable, script, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=self.workdir.name)
+        self.process = lifetime.start([sys.executable, script, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, grace_s=5.0)
         theirs.close()
         self.sock = ours
         self.sock.settimeout(120)  # the first game waits for TextWorld's import
@@ -78,7 +83,7 @@ class _GameServer:
         ours, theirs = socket.socketpair()
         try:
             with self.lock:
-                socket.send_fds(self.sock, [game_path.encode()], [theirs.fileno()])
+                socket.send_fds(self.sock, [f"play {game_path}".encode()], [theirs.fileno()])
                 pid = int(self.sock.recv(64) or b"0")
         except (OSError, ValueError) as e:
             ours.close()
@@ -90,14 +95,15 @@ class _GameServer:
             raise GameEngineError(f"the game server is gone (exit code {self.process.poll()})")
         return pid, Connection(ours.detach())
 
+    def kill(self, pid: int) -> None:
+        """SIGKILL game process `pid`, by the server that forked it (it alone knows that the pid
+        is still that game's); nothing when the server is gone (its games went with it)."""
+        with contextlib.suppress(OSError), self.lock:
+            self.sock.send(f"kill {pid}".encode())
+
     def close(self) -> None:
         self.sock.close()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.workdir.cleanup()
+        lifetime.stop(self.process, grace_s=5.0)
 
 
 _SERVER_LOCK = threading.Lock()
@@ -119,11 +125,13 @@ class GameEngine:
 
     def __init__(self, game_path: str | Path, step_timeout_s: float = 10.0, start_timeout_s: float = 60.0):
         self.path, self.step_timeout_s, self.start_timeout_s = str(Path(game_path).resolve()), step_timeout_s, start_timeout_s
+        self.server: _GameServer | None = None
         self.pid: int | None = None
         self.conn: Connection | None = None
 
     def start(self) -> dict:
-        self.pid, self.conn = _server().fork(self.path)
+        self.server = _server()
+        self.pid, self.conn = self.server.fork(self.path)
         return self._receive(self.start_timeout_s, "start")
 
     def step(self, command: str) -> dict:
@@ -156,8 +164,7 @@ class GameEngine:
             self.conn.close()
             self.conn = None
         if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            self.server.kill(self.pid)
             self.pid = None
 
 
@@ -259,6 +266,10 @@ class TextWorldEnv(ToolEnv):
             self.metrics["format_errors"] += 1
             reward, observation = self.format_penalty, [{"role": "user", "content": "Error: write one game command, "
                                                           "such as: go north\n\n" + self._observation_text()}]
+        elif command.split()[0].lower() in META_COMMANDS:
+            self.invalid += 1
+            refused = f"`{command}` is a command about the game itself, not played here; write a game command."
+            reward, observation = 0.0, [{"role": "user", "content": refused + "\n\n" + self._observation_text()}]
         else:
             admissible = {c.lower() for c in self.state["admissible"]}
             self.invalid += command.lower() not in admissible

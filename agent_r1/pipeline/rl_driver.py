@@ -458,7 +458,7 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
 
 def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:
     """A vLLM engine with a server of its own, started here from a served copy of ``model_path``."""
-    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy
+    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy, weights_of_this_process
     from agent_r1.rollout.vllm_server import ROOT, VLLMServer
 
     vc = cfg.rollout.vllm
@@ -468,7 +468,8 @@ def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_pat
     weights = served_copy(model_path, vc.weights_dir)
     try:
         server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
-                            startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log")
+                            startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log",
+                            remove_when_orphaned=[weights_of_this_process(weights)])
     except BaseException:  # the engine owns the copy only once it exists
         shutil.rmtree(weights.parent, ignore_errors=True)
         raise

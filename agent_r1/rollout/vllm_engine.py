@@ -138,6 +138,13 @@ def weights_dir(base: str | Path | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"agent-r1-weights.{os.getpid()}.", dir=base))
 
 
+def weights_of_this_process(weights: Path) -> str:
+    """The glob of this process's weights folders beside `weights` (a :func:`served_copy`): what the
+    server's watchdog removes should this process be killed (the next run's :func:`weights_dir`
+    would, too)."""
+    return str(Path(weights).parent.parent / f"agent-r1-weights.{os.getpid()}.*")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -6,14 +6,9 @@ log lines) and stops it on every exit path:
 
 - :meth:`VLLMServer.stop` (also a context manager, and ``atexit``) ends the server's whole
   process group (vLLM runs its engine core in a child process);
-- a watchdog — this file run as a script by the vLLM environment's Python, the leader of the
-  server's process group — ends the group when the trainer dies, SIGKILL included: it polls
-  its parent's pid; the server dies with the watchdog too (``PR_SET_PDEATHSIG``), should the
-  watchdog itself be SIGKILLed. (``PR_SET_PDEATHSIG`` would fire when the *thread* that started the server
-  ends, e.g. a Prefect task's worker thread.)
-
-This module imports only the standard library at module level: the watchdog runs under the vLLM
-environment's Python, which does not have agent_r1 installed.
+- the server runs under agent_r1/lifetime.py's watchdog (run by the vLLM environment's Python),
+  which ends the group when the trainer dies, SIGKILL included, and takes the server with it
+  should the watchdog itself be SIGKILLed.
 """
 
 from __future__ import annotations
@@ -22,14 +17,15 @@ import atexit
 import collections
 import json
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from agent_r1 import lifetime
+from agent_r1.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -57,16 +53,19 @@ class VLLMServer:
 
     ``args`` are extra command-line options of vLLM's server; ``env`` extra environment variables.
     ``VLLM_SERVER_DEV_MODE=1`` opens ``/collective_rpc`` and ``/reset_prefix_cache`` (weight sync).
+    ``remove_when_orphaned``: globs of the trainer's files (its weights copies) that the server's
+    watchdog removes when the trainer dies.
     """
 
     def __init__(self, model: str | Path, *, python: str | Path = DEFAULT_PYTHON, args: list[str] = (),
-                 env: dict | None = None, startup_timeout_s: float = 300.0, log_path: str | Path | None = None):
+                 env: dict | None = None, startup_timeout_s: float = 300.0, log_path: str | Path | None = None,
+                 remove_when_orphaned: list[str] = ()):
         self.python = Path(python)
         if not self.python.exists():
             raise FileNotFoundError(f"rollout.engine=vllm: no vLLM environment at {self.python.parent.parent} "
                                     "(run `make vllm`, or set rollout.vllm.url to a running server)")
         self.model, self.args, self.env = str(model), list(args), dict(env or {})
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s, self.remove_when_orphaned = startup_timeout_s, list(remove_when_orphaned)
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="vllm-server.", suffix=".log")
             os.close(fd)  # start() opens it by name
@@ -84,16 +83,13 @@ class VLLMServer:
                 "--host", "127.0.0.1", "--port", str(self.port), *self.args]
 
     def start(self) -> "VLLMServer":
-        from agent_r1.ports import free_port  # here: the watchdog runs this file where agent_r1 is not installed
-
         self.stop()
         self.port = free_port()
         env = _without_launcher(os.environ) | {"VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"} | self.env
-        watch = [str(self.python), str(Path(__file__).resolve()), "--watch", str(os.getpid()), "--"]
-        with open(self.log_path, "ab") as log:
-            # its own session: the watchdog leads a process group holding the server and its children
-            self.proc = subprocess.Popen(watch + self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with open(self.log_path, "ab") as log:  # the watchdog leads a process group: the server and its children
+            self.proc = lifetime.start(self.command(), python=self.python, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env,
+                                       remove_when_orphaned=self.remove_when_orphaned)
         t0 = time.monotonic()
         while not healthy(self.url):
             if self.proc.poll() is not None:
@@ -122,8 +118,7 @@ class VLLMServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        _end_group(proc.pid, grace_s, lambda: proc.poll() is not None)
-        proc.wait()
+        lifetime.stop(proc, grace_s)
 
     def __enter__(self) -> "VLLMServer":
         return self.start()
@@ -140,61 +135,3 @@ _LAUNCHER = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
 
 def _without_launcher(env) -> dict:
     return {k: v for k, v in env.items() if k not in _LAUNCHER and not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))}
-
-
-def _end_group(pgid: int, grace_s: float, ended) -> None:
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    t0 = time.monotonic()
-    while not ended() and time.monotonic() - t0 < grace_s:
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)  # whatever is left of the group (vLLM's engine core too)
-    except ProcessLookupError:
-        pass
-
-
-def _watch(parent: int, cmd: list[str]) -> int:
-    """Run ``cmd`` in this process group; end the group when ``parent`` dies, on SIGTERM, or
-    when ``cmd`` exits. Returns ``cmd``'s exit code. ``cmd`` is SIGKILLed by the kernel when this
-    watchdog dies, SIGKILL included (:func:`_dies_with`)."""
-    child = subprocess.Popen(cmd, preexec_fn=_dies_with(os.getpid()))
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(1))
-    while child.poll() is None and not stopping and os.getppid() == parent:
-        time.sleep(0.5)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches this process too
-    code = child.poll()
-    why = f"the server exited with code {code}" if code is not None else \
-        "asked to stop" if stopping else f"its parent {parent} is gone"
-    print(f"vllm_server watchdog: {why}; ending the server's process group", file=sys.stderr, flush=True)
-    _end_group(os.getpgid(0), 10.0, lambda: child.poll() is not None)  # SIGKILLs this process last
-    return code if code is not None else 1
-
-
-def _dies_with(watchdog: int):
-    """What the server runs before its exec: ``PR_SET_PDEATHSIG`` SIGKILL, so that it dies with the
-    watchdog (one thread: the signal follows the process) even when the watchdog is SIGKILLed and
-    cannot end the group itself (e.g. by a ``pkill -9`` that matches it); it exits at once if the
-    watchdog is already gone. Linux only; elsewhere nothing."""
-
-    def run() -> None:
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != watchdog:
-            os._exit(1)
-
-    return run
-
-
-if __name__ == "__main__":  # the watchdog: vllm_server.py --watch PARENT_PID -- COMMAND...
-    if len(sys.argv) < 5 or sys.argv[1] != "--watch" or sys.argv[3] != "--":
-        sys.exit("usage: vllm_server.py --watch PARENT_PID -- COMMAND...")
-    sys.exit(_watch(int(sys.argv[2]), sys.argv[4:]))

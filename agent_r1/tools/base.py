@@ -122,7 +122,10 @@ def _json_type_name(value: Any) -> str:
 
 
 def _type_error(value: Any, schema: dict) -> str | None:
-    """Why `value` does not match `schema` (type, nullable, enum, anyOf, array items), or None."""
+    """Why `value` does not match `schema` (type, nullable, enum, anyOf, array items), or None; a
+    boolean schema allows anything (``true``) or nothing (``false``)."""
+    if isinstance(schema, bool):
+        return None if schema else "is not allowed"
     if value is None and schema.get("nullable"):
         return None
     if "anyOf" in schema:
@@ -145,14 +148,24 @@ def _type_error(value: Any, schema: dict) -> str | None:
 
 def validate_arguments(parameters: dict, arguments: Any) -> str | None:
     """Check tool-call arguments against a tool's `parameters` schema; return the first problem
-    (naming the argument) or None when they are valid."""
+    (naming the argument) or None when they are valid. Never raises: a schema this check cannot
+    read (an MCP server's) makes every call's arguments invalid, saying why."""
+    try:
+        return _arguments_problem(parameters, arguments)
+    except Exception as e:  # noqa: BLE001 - any schema, however malformed, is one tool's problem
+        return f"its schema could not be checked ({_describe(e, 200)})"
+
+
+def _arguments_problem(parameters: dict, arguments: Any) -> str | None:
     if not isinstance(arguments, dict):
         return f"arguments must be a JSON object, got {_json_type_name(arguments)}"
     properties = parameters.get("properties", {})
     for key, value in arguments.items():
-        if key not in properties:
+        # an argument the schema does not name is refused, unless additionalProperties allows it
+        schema = properties[key] if key in properties else parameters.get("additionalProperties", False)
+        if schema is False:
             return f"unknown argument '{key}' (expected: {', '.join(properties) or 'no arguments'})"
-        if (err := _type_error(value, properties[key])) is not None:
+        if (err := _type_error(value, schema)) is not None:
             return f"argument '{key}' {err}"
     for key in parameters.get("required", []):
         if key not in arguments:

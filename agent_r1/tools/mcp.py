@@ -9,31 +9,28 @@ MCP (Model Context Protocol) server lists an agent `Tool`, through the official 
 Each tool keeps the server's name (after ``prefix``), description and input schema (so
 `run_tool` validates the model's arguments against it and the chat template shows it); a call's
 text content is the observation, other content one line each ("[image: image/png, 1234 bytes]").
-A result the server flags ``isError``, a JSON-RPC error, a timeout and a server lost during the
-call are tool errors (`MCPToolError`, which `run_tool` turns into "Error: ..."), never crashes.
-docs/mcp.md has every setting.
+A result the server flags ``isError``, a JSON-RPC error, a result that breaks the tool's own
+``outputSchema`` or the protocol, a timeout and a server lost during the call are tool errors
+(`MCPToolError`, which `run_tool` turns into "Error: ..."), never crashes. docs/mcp.md has every
+setting.
 
 Lifecycle, one `MCPServerConnection` per server (entries with the same command or url share it):
 
 - start: the first entry that names the server connects to it, on an asyncio event loop in a
   thread of the connection's own; the tools are listed once, and the Tools (``thread_safe``)
   submit their calls to that loop (``asyncio.run_coroutine_threadsafe``), from any number of
-  threads at once. A stdio server is started as ``python -I -c <watchdog> <our pid> <command>``
-  (see SIGKILL below); its stderr goes to a nameless temporary file whose last line the errors
-  quote.
+  threads at once. A stdio server runs under agent_r1/lifetime.py's watchdog (the SDK starts
+  the watchdog, in a session of its own): it dies with the trainer, SIGKILL included, and with
+  the watchdog; the watchdog passes on the server's stdout and ends the server when a line (a
+  JSON-RPC message) grows past ``max_message_bytes``. Its stderr goes to a pipe of which the last
+  64 KiB are kept (`_StderrTail`); the errors quote its last line.
 - restart once: when the server is lost (a stdio server exits, an HTTP server stops answering),
   the call that noticed fails, and the connection reconnects at once (a new process for stdio)
   and lists the tools again; when it is lost a second time (or cannot reconnect) its tools
   fail with the reason for the rest of the run.
 - stop: `MCPServerConnection.close`, `close_servers` (every open connection; a pipeline run
-  calls it when it ends) and, at the trainer's exit, ``atexit``: the SDK closes a stdio server's stdin, then ends its process
-  group (SIGTERM, SIGKILL).
-- SIGKILL: a killed trainer runs no ``atexit``, and a server may not read its stdin (busy in a
-  call) to see it close. The watchdog the SDK starts in place of the command (the leader of the
-  server's process group: the SDK gives it a session of its own) runs the command with the same
-  stdin, stdout and stderr, polls its parent's pid, and when the trainer is gone ends the group:
-  the server and whatever it started. ``PR_SET_PDEATHSIG`` would fire when the *thread* that
-  started the server ends and reaches only the direct child, so it is not used.
+  calls it when it ends) and, at the trainer's exit, ``atexit``: the SDK closes a stdio server's
+  stdin, then ends its process group (SIGTERM, SIGKILL).
 """
 
 from __future__ import annotations
@@ -46,12 +43,12 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1 import lifetime
 from agent_r1.tools.base import Tool, ToolOutput
 from agent_r1.tools.registry import register_tool
 
@@ -61,30 +58,9 @@ class MCPConfigError(ValueError):
 
 
 class MCPToolError(RuntimeError):
-    """A call that failed on the server's side: an ``isError`` result, a JSON-RPC error, a
-    timeout, or the server lost during the call (or for good)."""
-
-
-# Run by `python -I -c`: stdlib only. Runs the server with this process's stdin/stdout/stderr
-# (the SDK's pipes). When the server exits, the trainer (argv[1]) is gone, or the SDK's SIGTERM
-# comes, ends the process group (the server, whatever it started, itself last) and reaps the
-# server, so the group is gone as soon as this process is.
-_WATCHDOG = """\
-import os, signal, subprocess, sys, time
-parent, stop = int(sys.argv[1]), []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-server = subprocess.Popen(sys.argv[2:])
-while server.poll() is None and os.getppid() == parent and not stop:
-    time.sleep(0.2)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-os.killpg(0, signal.SIGTERM)
-deadline = time.monotonic() + 3.0
-while server.poll() is None and time.monotonic() < deadline:
-    time.sleep(0.05)
-if server.poll() is None:
-    os.killpg(0, signal.SIGKILL)
-sys.exit(server.returncode)
-"""
+    """A call that failed on the server's side: an ``isError`` result, a JSON-RPC error, a result
+    refused (against the tool's ``outputSchema``), a timeout, or the server lost during the call
+    (or for good)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +74,7 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
     startup_timeout_s: float = 30.0
+    max_message_bytes: int = 8 << 20
 
     @property
     def label(self) -> str:
@@ -119,14 +96,14 @@ class ServerSpec:
 
     def client(self, executable: str | None, errlog):
         """An (unentered) ``mcp.Client`` for the server; a stdio server's `executable` is run under
-        the watchdog, its stderr written to `errlog`."""
+        the watchdog (agent_r1/lifetime.py), its stderr written to `errlog`."""
         from mcp import Client, StdioServerParameters
         from mcp.client.stdio import stdio_client
 
         if self.url:
             return Client(self.url)
-        params = StdioServerParameters(command=sys.executable, cwd=self.cwd, env=dict(self.env),
-                                       args=["-I", "-c", _WATCHDOG, str(os.getpid()), executable, *self.args])
+        command = lifetime.watched([executable, *self.args], grace_s=2.0, max_line_bytes=self.max_message_bytes)
+        params = StdioServerParameters(command=command[0], args=command[1:], cwd=self.cwd, env=dict(self.env))
         return Client(stdio_client(params, errlog=errlog))
 
 
@@ -143,6 +120,43 @@ class _Session:
 _GONE = "its tools are unavailable for the rest of the run"
 
 
+class _StderrTail:
+    """A stdio server's stderr: a pipe (`errlog`, the server's end, stays open here for the
+    connection's life, so restarts share it), read as it comes and before each error message;
+    only its last `size` bytes are kept."""
+
+    def __init__(self, size: int = 64 << 10):
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.fd, self.size, self.kept, self.closed = read, size, bytearray(), False
+        self.errlog = open(write, "w")
+        self._lock = threading.Lock()
+
+    def drain(self) -> None:
+        with self._lock:
+            while not self.closed:
+                try:
+                    chunk = os.read(self.fd, 1 << 16)
+                except BlockingIOError:
+                    return
+                self.kept += chunk
+                del self.kept[:-self.size]
+                if not chunk:
+                    return
+
+    def last_line(self) -> str | None:
+        self.drain()
+        lines = [line.strip() for line in self.kept.decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1] if lines else None
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self.fd)
+                self.errlog.close()
+
+
 class MCPServerConnection:
     """A client session with one MCP server, on an event loop in a background thread; see the
     module docstring for its lifecycle. ``tools`` are the tools the server listed at start."""
@@ -154,7 +168,9 @@ class MCPServerConnection:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{spec.command or spec.url}",
                                         daemon=True)
         self._thread.start()
-        self._log = tempfile.TemporaryFile("w+")  # a stdio server's stderr; nameless, so never left behind
+        self._tail = _StderrTail() if spec.command else None
+        if self._tail:
+            self._loop.call_soon_threadsafe(self._loop.add_reader, self._tail.fd, self._tail.drain)
         self._lock = threading.Lock()
         self._restarts_left = 1
         self._failure: str | None = None  # why the tools fail for good (lost twice, closed)
@@ -195,7 +211,7 @@ class MCPServerConnection:
 
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + self.spec.startup_timeout_s) as scope:
-                async with self.spec.client(self._executable, self._log) as client:
+                async with self.spec.client(self._executable, self._tail and self._tail.errlog) as client:
                     tools, cursor = [], None
                     while True:
                         page = await client.list_tools(cursor=cursor)
@@ -214,15 +230,10 @@ class MCPServerConnection:
     def _stderr(self) -> str:
         """`` (its last stderr line: ...)`` of a stdio server, for error messages; "" for an HTTP
         server, or once closed."""
-        if not self.spec.command:
+        if not self._tail or self._tail.closed:
             return ""
-        try:
-            fd = self._log.fileno()
-            tail = os.pread(fd, 4096, max(0, os.fstat(fd).st_size - 4096)).decode(errors="replace")
-        except (OSError, ValueError):  # closed
-            return ""
-        lines = [line.strip() for line in tail.splitlines() if line.strip()]
-        return f" (its last stderr line: {lines[-1][:300]})" if lines else " (it wrote nothing to stderr)"
+        line = self._tail.last_line()
+        return f" (its last stderr line: {line[:300]})" if line else " (it wrote nothing to stderr)"
 
     def call(self, name: str, arguments: dict, timeout_s: float):
         """Call tool `name` (the server's name) and return the SDK's ``CallToolResult``; raises
@@ -237,8 +248,9 @@ class MCPServerConnection:
             raise MCPToolError(self._failed_call(e, session, timeout_s)) from None
 
     def _failed_call(self, e: Exception, session: _Session, timeout_s: float) -> str:
-        """Why a call failed: a timeout, an error the server answered with (JSON-RPC, or a result
-        the SDK could not validate), or else the server lost (restarted once, see `_lost`)."""
+        """Why a call failed: a timeout, an error the server answered with (JSON-RPC), a result
+        the SDK refused (it breaks the tool's ``outputSchema`` or the protocol), or else the
+        server lost (restarted once, see `_lost`)."""
         from mcp.shared.exceptions import MCPError
         from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
         from pydantic import ValidationError
@@ -246,8 +258,15 @@ class MCPServerConnection:
         code = e.error.code if isinstance(e, MCPError) else None
         if code == REQUEST_TIMEOUT or isinstance(e, TimeoutError):
             return f"no answer from the {self.spec.label} within {timeout_s:g} s (timeout_s)"
-        if isinstance(e, ValidationError) or code not in (None, CONNECTION_CLOSED):
+        if code not in (None, CONNECTION_CLOSED):
             return f"the server answered with error {code}: {_one_line(e)}"
+        if isinstance(e, ValidationError):
+            return f"the server's answer is not a valid tool result: {_one_line(e)}"
+        if isinstance(e, RuntimeError):  # the SDK's check of the result against the tool's outputSchema
+            cause = e.__cause__
+            if hasattr(cause, "message") and hasattr(cause, "json_path"):  # a jsonschema error
+                return f"the result does not match the tool's outputSchema: {cause.message} (at {cause.json_path})"
+            return f"the result was refused: {_one_line(e)}"
         return f"the {self.spec.label} was lost during the call{self._stderr()}; {self._lost(session)}"
 
     def _current(self) -> _Session:
@@ -294,9 +313,12 @@ class MCPServerConnection:
         if session is not None:
             self._end(session)
         if self._thread.is_alive():
+            if self._tail:
+                self._loop.call_soon_threadsafe(self._loop.remove_reader, self._tail.fd)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
-        self._log.close()
+        if self._tail:
+            self._tail.close()
         with _OPEN_LOCK:
             if _OPEN.get(self.spec) is self:
                 del _OPEN[self.spec]
@@ -335,15 +357,16 @@ def _strings(value: Any, what: str, label: str) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _spec(command, args, server_env, cwd, url, startup_timeout_s) -> ServerSpec:
+def _spec(command, args, server_env, cwd, url, startup_timeout_s, max_message_bytes) -> ServerSpec:
     """The `ServerSpec` of an entry's settings; `MCPConfigError` for an impossible combination."""
     if (command is None) == (url is None):
         got = "both" if command is not None else "neither"
         raise MCPConfigError(f"mcp entry: give `command` (a stdio server) or `url` (a streamable HTTP server), "
                              f"not {got}")
     label = f"mcp server `{command}`" if command else f"mcp server {url}"
-    if url is not None and (args or server_env or cwd):
-        raise MCPConfigError(f"{label}: args, env and cwd are settings of a stdio server (command), not of a url")
+    if url is not None and (args or server_env or cwd or max_message_bytes is not None):
+        raise MCPConfigError(f"{label}: args, env, cwd and max_message_bytes are settings of a stdio server "
+                             "(command), not of a url")
     if server_env is not None and not isinstance(server_env, dict):
         raise MCPConfigError(f"{label}: env must be a mapping of variable names to values, got {server_env!r}")
     if cwd is not None and not Path(cwd).is_dir():
@@ -351,9 +374,13 @@ def _spec(command, args, server_env, cwd, url, startup_timeout_s) -> ServerSpec:
     if not (isinstance(startup_timeout_s, (int, float)) and startup_timeout_s > 0):
         raise MCPConfigError(f"{label}: startup_timeout_s must be a positive number of seconds, "
                              f"got {startup_timeout_s!r}")
+    if max_message_bytes is not None and not (isinstance(max_message_bytes, int) and max_message_bytes > 0):
+        raise MCPConfigError(f"{label}: max_message_bytes must be a positive number of bytes, "
+                             f"got {max_message_bytes!r}")
     env = tuple(sorted((str(k), str(v)) for k, v in (server_env or {}).items()))
     return ServerSpec(command=command and str(command), args=_strings(args or [], "args", label), env=env,
-                      cwd=cwd and str(cwd), url=url, startup_timeout_s=float(startup_timeout_s))
+                      cwd=cwd and str(cwd), url=url, startup_timeout_s=float(startup_timeout_s),
+                      **({"max_message_bytes": max_message_bytes} if max_message_bytes is not None else {}))
 
 
 def _select(listed: list, include, exclude, label: str) -> list:
@@ -372,19 +399,22 @@ def _select(listed: list, include, exclude, label: str) -> list:
 def mcp_tools(command: str | None = None, args: list[str] | None = None, cwd: str | None = None,
               url: str | None = None, include: list[str] | None = None, exclude: list[str] | None = None,
               prefix: str = "", timeout_s: float = 10.0, startup_timeout_s: float = 30.0,
-              max_output_chars: int = 2000, **options: Any) -> list[Tool]:
+              max_output_chars: int = 2000, max_message_bytes: int | None = None,
+              **options: Any) -> list[Tool]:
     """The tools of one MCP server (docs/mcp.md): a stdio server's ``command`` with ``args``,
     ``env`` (variables added to the SDK's safe defaults: HOME, PATH, ...) and ``cwd``, or a
     streamable HTTP server's ``url``; ``include`` / ``exclude`` pick tools by the server's names,
     ``prefix`` is put before each name (two servers with a tool of the same name), ``timeout_s``
     bounds a call (seconds), ``startup_timeout_s`` the start (connecting and listing the tools),
-    ``max_output_chars`` an observation. ``env`` arrives in ``options``: a parameter named
+    ``max_output_chars`` an observation, ``max_message_bytes`` a stdio server's message (a line of
+    its stdout; default 8 MiB: past it the server is ended and restarted). ``env`` arrives in ``options``: a parameter named
     ``env`` would be given the config's env section (registry.py)."""
     server_env = options.pop("env", None)
     if options:
         raise MCPConfigError(f"mcp entry: unknown setting(s) {', '.join(sorted(options))}; known: command, args, "
-                             "env, cwd, url, include, exclude, prefix, timeout_s, startup_timeout_s, max_output_chars")
-    spec = _spec(command, args, server_env, cwd, url, startup_timeout_s)
+                             "env, cwd, url, include, exclude, prefix, timeout_s, startup_timeout_s, max_output_chars, "
+                             "max_message_bytes")
+    spec = _spec(command, args, server_env, cwd, url, startup_timeout_s, max_message_bytes)
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise MCPConfigError(f"{spec.label}: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     connection = connect(spec)

@@ -3,7 +3,8 @@
 Its tools cover what a client meets: a plain result (``add``, ``echo``, ``whoami``,
 ``whereami``), an ``isError`` result (``fail_soft``: the SDK turns a raised `ToolError` into
 one), a JSON-RPC error (``fail_hard`` raises `MCPError`), non-text content (``picture``), a call
-that never answers (``hang``), one that starts a process of its own (``spawn``) and one that
+that answers when released (``hang``, ``waiting``, ``release``: the tests synchronise on the
+server's own state, not on time), one that starts a process of its own (``spawn``) and one that
 kills the server (``die``)::
 
     python demo_server.py                    # stdio
@@ -72,13 +73,38 @@ def picture() -> list:
     return ["a pixel:", Image(data=PIXEL, format="png")]
 
 
+_HANGING: dict[str, int] = {}  # key: how many `hang` calls wait on it now
+_RELEASE: dict[str, object] = {}  # key: the anyio.Event `release` sets
+
+
 @server.tool()
-async def hang(seconds: float = 60.0) -> str:
-    """Answer after `seconds`."""
+async def hang(seconds: float = 60.0, key: str = "") -> str:
+    """Answer after `seconds`, or at once when `release` is called with `key`."""
     import anyio
 
-    await anyio.sleep(seconds)
+    released = _RELEASE.setdefault(key, anyio.Event())
+    _HANGING[key] = _HANGING.get(key, 0) + 1
+    try:
+        with anyio.move_on_after(seconds):
+            await released.wait()
+    finally:
+        _HANGING[key] -= 1
     return "woke up"
+
+
+@server.tool()
+def waiting(key: str = "") -> int:
+    """How many `hang` calls with `key` the server is in now."""
+    return _HANGING.get(key, 0)
+
+
+@server.tool()
+def release(key: str = "") -> str:
+    """End the `hang` calls with `key`, now and later."""
+    import anyio
+
+    _RELEASE.setdefault(key, anyio.Event()).set()
+    return "released"
 
 
 @server.tool()
