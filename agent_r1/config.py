@@ -54,7 +54,7 @@ class DataConfig(_Strict):
     """code: the test problems of each kind (drawn apart from the training ones)."""
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
-    val_per_type: int = Field(10, ge=0)
+    val_per_type: int = Field(_WORLD.val_per_type, ge=0)
     """The validation split (`val`, for choosing settings and the held-out curve, never the test split): synthetic: questions of each type from a small world of their own (its documents join the corpus); code: problems of each kind, drawn apart from train and test. Train and test are the same whatever its value; 0: no val split. textworld: `data.games.val_games`."""
     games: GamesConfig = GamesConfig()
     """textworld: the games tw-make generates (their seeds come from `data.seed`)."""
