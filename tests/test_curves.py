@@ -121,3 +121,59 @@ def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_
     evaluate = next(r.info.run_id for name, r in runs.items() if name and name.endswith("evaluate"))
     assert "curves.png" in {a.path.split("/")[-1] for a in client.list_artifacts(evaluate, "")} | {
         a.path.split("/")[-1] for a in client.list_artifacts(evaluate, "metrics")}
+
+
+def test_a_resumed_run_keeps_its_held_out_points_and_takes_each_once(tok, make_model, tmp_path):
+    from agent_r1.context import ContextManager
+    from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer
+    from agent_r1.rollout import HFEngine
+    from test_rl import TASKS, LetterEnv
+
+    calls = []
+
+    def heldout(progress, label):
+        calls.append(label)
+        return {"em": 0.1 * len(calls), "eval_s": 0.0}
+
+    files = RLFiles(tmp_path / "rl", tmp_path / "history.json", tmp_path / "state", tmp_path / "rollouts", "fp",
+                    tmp_path / "heldout.json")
+    cfg = RLConfig(group_size=2, tasks_per_iteration=2, iterations=2, checkpoint_every=1)
+
+    def trainer() -> RLTrainer:
+        learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-3), precision="fp32")
+        return RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), LetterEnv, TASKS, ContextManager(tok),
+                         cfg, max_new_tokens=4, max_context_tokens=256, files=files, heldout=heldout, every=1)
+
+    first = trainer()
+    first.heldout_point()  # iteration 0, as run() takes it
+    first.step()  # iteration 1: its point, then the resumable state; then the run is killed
+    first.close()
+    again = trainer()
+    assert again.iteration == 1 and [p["iteration"] for p in again.curve] == [0, 1]
+    again.run()
+    points = json.loads(files.curve.read_text())
+    assert [p["iteration"] for p in points] == [0, 1, 2] and len(calls) == 3
+    assert [p["episodes"] for p in points] == [0, 4, 8] and points[2]["wall_s"] >= points[1]["wall_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_control_gets_points_on_the_same_tasks_at_rl_s_shares_of_its_time(tmp_path):
+    from agent_r1.pipeline import stages
+    from agent_r1.pipeline.control import control
+    from agent_r1.pipeline.rl_driver import curve_path
+    from agent_r1.pipeline.state import history_path
+    from test_pipeline import tiny_cfg
+
+    cfg = tiny_cfg(tmp_path, "sft.epochs=0.05", "eval.every=1", "data.val_per_type=1", "eval.curve_size=2")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    rl = [{"iteration": i, "episodes": 8 * i, "wall_s": 0.5 * i, "em": 0.25} for i in range(3)]
+    for path, data in ((curve_path(cfg, cfg.rl.method), rl),
+                       (history_path(cfg, cfg.rl.method), [{"time/iteration_s": 0.5}, {"time/iteration_s": 0.5}])):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    control(cfg)
+    points = json.loads(curve_path(cfg, "sft_control").read_text())
+    assert points[0] == rl[0]  # the SFT start, RL's iteration 0
+    assert [(p["episodes"], p["wall_s"]) for p in points[1:]] == [(8, 0.5), (16, 1.0)]
+    assert all(0.0 <= p["em"] <= 1.0 and p["eval_s"] > 0 for p in points[1:])
