@@ -14,6 +14,7 @@ import torch
 from agent_r1.config import RLConfig
 from agent_r1.data.code_tasks import CodeTaskConfig, generate_code_tasks
 from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.evaluate import curve_markdown
 from agent_r1.learner import Learner, LearnerConfig
 from agent_r1.pipeline.curves import area, summary
 from agent_r1.pipeline.rl_driver import _rft_update, build_train_batch
@@ -78,6 +79,9 @@ def test_the_curve_area_is_the_trapezoid_mean_and_baselines_are_flat():
     assert area(points, "em") == pytest.approx((5 + 20) / 30)
     rows = summary({"grpo": points}, {"no_tool": 0.25}, "em", 20)
     assert rows["grpo"]["em_final"] == 1.0 and rows["no_tool"] == {"em_auc": 0.25, "em_final": 0.25, "points": 0, "n": 20}
+    table = curve_markdown(rows, "curve_val")  # what `agent-r1 table` adds below the comparison
+    assert "| curve_val em AUC | final |" in table and "| no_tool | 0.250 | 0.250 | 0 |" in table
+    assert table.index("no_tool") < table.index("| grpo | 0.833 | 1.000 | 3 |")
 
 
 def test_evaluating_a_split_the_data_lacks_is_one_clear_error_and_a_curve_on_it_is_off():

@@ -213,7 +213,7 @@ def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], prog
 def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
                    progress: Progress | None = None, tracker=None) -> dict:
     """The held-out curves of the trained methods and the SFT-only control (``metrics/heldout/``)
-    beside the baselines of ``checkpoints`` scored on the same curve tasks: the figure
+    beside the baselines (``eval.baselines``) of ``checkpoints`` scored on the same curve tasks: the figure
     ``metrics/curves.png`` (also an MLflow artifact) and eval.json's rows
     ``{"curve_<split>": {method: {<metric>_auc, <metric>_final, ...}}}``; nothing without curves."""
     from agent_r1.pipeline.curves import curve_metric, draw, read_curves, summary
@@ -222,10 +222,9 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     if not curves:
         return {}
     metric, tasks = curve_metric(curves), curve_tasks(cfg)
-    trained = {"sft", "champion", "sft_control", *rl_methods(cfg)}
     baselines = {}
     for method, src in checkpoints.items():
-        if method not in trained:
+        if method in cfg.eval.baselines:
             _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker)
             baselines[method] = float(by_hops["all"].get(metric, 0.0))
     split = f"curve_{cfg.eval.curve_split}"
