@@ -166,7 +166,7 @@ def train(
     ranks = shutdown()
     if _rank() == 0:
         record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
-        shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop")}
+        shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop") or k.startswith("curve_")}
         console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
         console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
         if look := needs_a_look(out["health"]):

@@ -54,6 +54,8 @@ class DataConfig(_Strict):
     """code: the test problems of each kind (drawn apart from the training ones)."""
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
+    val_per_type: int = Field(_WORLD.val_per_type, ge=0)
+    """The validation split (`val`, for choosing settings and the held-out curve, never the test split): synthetic: questions of each type from a small world of their own (its documents join the corpus); code: problems of each kind, drawn apart from train and test. Train and test are the same whatever its value; 0: no val split. textworld: `data.games.val_games`."""
     games: GamesConfig = GamesConfig()
     """textworld: the games tw-make generates (their seeds come from `data.seed`)."""
 
@@ -179,6 +181,9 @@ def parse_method(method: str) -> dict:
     return {"algorithm": algorithm, **flags}
 
 
+RFT = "rft"  # rejection-sampling fine-tuning: a method of the RL loop with no advantage estimator
+
+
 class CurriculumConfig(_Strict):
     enabled: bool = False
     """Draw the tasks whose recent episodes all succeeded or all failed (saturated: their group gives no
@@ -194,12 +199,13 @@ class CurriculumConfig(_Strict):
 class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
     """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, gigpo, ...) or the
-    import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`)."""
+    import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`); or `rft`:
+    rejection-sampling fine-tuning on the same episodes (see `rft_threshold`)."""
 
     @field_validator("algorithm")
     @classmethod
     def _algorithm(cls, v: str) -> str:
-        return registered_name(v, "advantage")
+        return v if v == RFT else registered_name(v, "advantage")
     advantage_settings: dict[str, bool | int | float | str] = {}
     """The estimator's own settings (its keyword-only parameters), e.g. {whiten: false}."""
     # Which questions RL trains on: every training question with one of `hops`, plus the
@@ -248,6 +254,9 @@ class RLConfig(_Strict):
     (models:/<name>@<alias>)."""
     checkpoint_every: int = Field(10, ge=1)  # iterations between resumable states
     """Iterations between resumable states."""
+    rft_threshold: float = 1.0
+    """Method `rft` (rejection-sampling fine-tuning): the final reward an episode needs to be kept and fine-tuned on
+    (plain NLL on its action tokens); the other episodes are dropped (`rft/kept_fraction`)."""
     max_staleness: int = Field(0, ge=0)
     """η: how many updates a rollout may run ahead of the learner (rollout.engine: vllm, one process). 0: the
     synchronous loop (sample, update, sync the weights). η ≥ 1: the next iterations' episodes are sampled on the server
@@ -300,8 +309,17 @@ class RolloutConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    split: Literal["train", "test"] = "test"  # a split the prepare stage writes (data.SPLITS)
+    split: Literal["train", "val", "test"] = "test"  # a split the prepare stage writes (data.ALL_SPLITS)
     """Split evaluated (one the prepare stage writes)."""
+    every: int = Field(0, ge=0)
+    """The held-out learning curve: every this many RL iterations, and at iteration 0 (the SFT start) and the last,
+    evaluate the same `curve_size` tasks of `curve_split` greedily and log them to MLflow (`heldout/<metric>` against
+    episodes seen, with `heldout/wall_s` and `heldout/iteration`); 0: no curve (nor on val when the data has no val
+    split, e.g. HotpotQA files: the run says so)."""
+    curve_size: int = Field(20, ge=1)
+    """Tasks of the held-out curve (the same ones at every point, drawn with the run's seed)."""
+    curve_split: Literal["train", "val", "test"] = "val"
+    """Split the held-out curve evaluates (settings are chosen on val, never on test)."""
     hops: list[PositiveInt] = [1, 2, 3]
     """Hop counts evaluated, each reported as its own split (test_1hop, ...), where the data has `hops`."""
     max_per_hop: int = Field(100, ge=1)
@@ -424,7 +442,7 @@ class RunConfig(_Strict):
                 problems.append(f"{'data.source' if self.data.source == 'textworld' else 'env.name'}: {INSTALL_HINT}")
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
-        problems += _vllm_problems(self) + _staleness_problems(self)
+        problems += _vllm_problems(self) + _staleness_problems(self) + _val_problems(self)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -433,11 +451,17 @@ class RunConfig(_Strict):
     def out(self) -> Path:
         return Path(self.output_dir)
 
+    @property
+    def curve_every(self) -> int:
+        """``eval.every``, or 0 (no held-out curve) when ``eval.curve_split`` is val and the data
+        has no val split (say HotpotQA files)."""
+        return self.eval.every if self.eval.curve_split != "val" or has_val_split(self) else 0
+
 
 def _estimator_problems(cfg: RunConfig) -> list[str]:
     """The estimator(s) exist, get the groups they need, and take the settings given."""
-    if cfg.rl.algorithm not in ADVANTAGES:
-        return [f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)}"]
+    if cfg.rl.algorithm not in ADVANTAGES and cfg.rl.algorithm != RFT:
+        return [f"rl.algorithm: unknown estimator {cfg.rl.algorithm!r}; known: {sorted(ADVANTAGES)} (or {RFT})"]
     out = []
     algorithms = {cfg.rl.algorithm} | {parse_method(m)["algorithm"] for m in cfg.methods}
     for est in (ADVANTAGES[a] for a in sorted(algorithms) if a in ADVANTAGES):
@@ -490,9 +514,9 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
             out.append(f"eval.baselines: random picks among the turns an environment lists (admissible_turns); "
                        f"env.name {cfg.env.name!r} lists none (leave random out of eval.baselines)")
     for m in cfg.methods:
-        if parse_method(m)["algorithm"] not in ADVANTAGES:
+        if parse_method(m)["algorithm"] not in (*ADVANTAGES, RFT):
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
-                       "(ppo = gae), optionally with _no_loss_mask or _no_adv_mask")
+                       f"(ppo = gae) and {RFT}, optionally with _no_loss_mask or _no_adv_mask")
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
     known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES, "code": tuple(CODE_KINDS)}.get(cfg.data.source)
@@ -578,6 +602,25 @@ def _vllm_problems(cfg: RunConfig) -> list[str]:
         return [f"rollout.vllm.max_model_len: {n} is longer than the tiny model's positions "
                 f"(model.tiny.max_position_embeddings: {t.max_position_embeddings}); null derives it"]
     return []
+
+
+def has_val_split(cfg: RunConfig) -> bool:
+    """The prepare stage writes a ``val`` split for this data."""
+    d = cfg.data
+    return {"synthetic": d.val_per_type, "code": d.val_per_type, "textworld": d.games.val_games}.get(d.source, 0) > 0
+
+
+def _val_problems(cfg: RunConfig) -> list[str]:
+    """eval.split names a split the data has (a held-out curve on a missing val split is off instead:
+    :attr:`RunConfig.curve_every`)."""
+    if has_val_split(cfg) or cfg.eval.split != "val":
+        return []
+    return [f"eval.split: val: the data has no val split ({val_hint(cfg)}), or choose another split"]
+
+
+def val_hint(cfg: RunConfig) -> str:
+    how = {"synthetic": "data.val_per_type", "code": "data.val_per_type", "textworld": "data.games.val_games"}
+    return f"set {how[cfg.data.source]} > 0" if cfg.data.source in how else f"data.source {cfg.data.source} writes none"
 
 
 def _staleness_problems(cfg: RunConfig) -> list[str]:

@@ -62,7 +62,7 @@ def retrieval_recall(index, tasks: list[dict], ks: tuple[int, ...] = (1, 2, 5, 1
     return out
 
 
-METHOD_ORDER = ["naive_rag", "no_tool", "base_tool_call", "sft", "sft_control", "ppo", "grpo", "reinforce_pp",
+METHOD_ORDER = ["naive_rag", "no_tool", "base_tool_call", "sft", "sft_control", "rft", "ppo", "grpo", "reinforce_pp",
                 "reinforce_pp_baseline", "rloo"]
 
 
@@ -78,7 +78,17 @@ def comparison_markdown(results: dict, in_domain: str, out_domain: str) -> str:
         mean = (a["em"] + b["em"]) / 2 if b else a["em"]
         rows.append(f"| {m} | {a['em']:.3f} | {a['f1']:.3f} | {b.get('em', float('nan')):.3f} | {b.get('f1', float('nan')):.3f} "
                     f"| {mean:.3f} | {a['tool_calls']:.2f} | {1 - a['format_error_rate']:.3f} |")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + "".join(curve_markdown(results[k], k) for k in results if k.startswith("curve_"))
+
+
+def curve_markdown(rows: dict, split: str) -> str:
+    """eval.json's held-out curve rows (``curve_<split>``) as a table: each method's area under its
+    curve (the mean over episodes seen) and final point; a baseline's is its score."""
+    metric = next(k[: -len("_auc")] for k in next(iter(rows.values())) if k.endswith("_auc"))
+    methods = sorted(rows, key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    out = [f"\n| method | {split} {metric} AUC | final | points |", "|---|---|---|---|"]
+    out += [f"| {m} | {rows[m][metric + '_auc']:.3f} | {rows[m][metric + '_final']:.3f} | {rows[m]['points']} |" for m in methods]
+    return "\n".join(out) + "\n"
 
 
 def seed_report(results: list[dict], split: str = "test", rl: str = "grpo", wall_s: float | None = None,

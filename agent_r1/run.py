@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ data
 def prepare_data(cfg: RunConfig) -> Path:
-    """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``.
+    """Write corpus.parquet, train.parquet and test.parquet under ``<output_dir>/data``, and for the
+    generated sources (synthetic, code, textworld) the validation split val.parquet
+    (``data.val_per_type``, ``data.games.val_games``), disjoint from both.
 
     ``data.source: hotpotqa`` reads ``data.path``: a folder with ``train.jsonl`` and
     ``dev.jsonl`` (the dev questions become the test split) or one file (test split only, no
@@ -52,7 +54,8 @@ def prepare_data(cfg: RunConfig) -> Path:
         return out
     if cfg.data.source == "code":
         d = cfg.data
-        return write_code_tasks(CodeTaskConfig(seed=d.seed, n_train=d.questions_per_type or 200, n_test=d.test_per_type), out)
+        return write_code_tasks(CodeTaskConfig(seed=d.seed, n_train=d.questions_per_type or 200, n_test=d.test_per_type,
+                                               n_val=d.val_per_type), out)
     if cfg.data.source == "textworld":
         return write_text_games(cfg.data.games, cfg.data.seed, out)
     if cfg.data.source == "jsonl":
@@ -265,7 +268,7 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
     if cfg.sft.worlds:
         sources = []
         for k in range(cfg.sft.worlds):
-            world = generate(dataclasses.replace(cfg.data.world(), seed=cfg.data.seed + 1000 + k))
+            world = generate(dataclasses.replace(cfg.data.world(), seed=cfg.data.seed + 1000 + k, val_per_type=0))
             search = make_search_tool(SearchIndex(world.corpus), top_k=cfg.env.top_k, timeout_s=cfg.env.tool_timeout_s,
                                       max_output_chars=cfg.env.max_output_chars)
             tools = [search if t.name == search.name else t for t in agent.tools]  # this world's search
@@ -300,6 +303,26 @@ def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = 
         )
     trajs = gathered(trajs)
     return summarize_by_hops(trajs, tasks), trajs
+
+
+def curve_tasks(cfg: RunConfig) -> list[dict]:
+    """The held-out curve's tasks: ``eval.curve_size`` of ``eval.curve_split``, drawn with the run's
+    seed: the same at every point of every method's curve."""
+    df = load_split(cfg.out / "data", cfg.eval.curve_split)
+    return task_records(df.sample(n=min(cfg.eval.curve_size, len(df)), random_state=cfg.seed).sort_index())
+
+
+def heldout_point(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "heldout") -> dict:
+    """One point of a held-out curve: :func:`evaluate_agent` on ``tasks`` (greedy at
+    ``eval.temperature``), its numeric metrics over all tasks with ``eval_s``, its time. Torch's
+    random state is left as it was, so a run samples the same episodes with or without a curve."""
+    import time
+
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        by_hops, _ = evaluate_agent(agent, tasks, progress, label)
+    metrics = {k: v for k, v in by_hops["all"].items() if isinstance(v, (int, float)) and k != "n"}
+    return metrics | {"eval_s": time.perf_counter() - t0}
 
 
 # ------------------------------------------------------------------------------ the run

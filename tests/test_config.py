@@ -75,7 +75,7 @@ def test_a_missing_config_file_is_an_error_not_the_defaults(tmp_path, monkeypatc
     ("eval.hops=[2,99]", "eval.hops: no synthetic questions with [99] hops; available: [1, 2, 3]"),
     ("eval.hops=[]", "eval.hops: must name at least one hop count"),
     ("rl.hops=[4]", "rl.hops: no synthetic questions with [4] hops"),
-    ("eval.split=nosuch", "eval.split: Input should be 'train' or 'test'"),
+    ("eval.split=nosuch", "eval.split: Input should be 'train', 'val' or 'test'"),
     ("registry.split=dev", "registry.split: Input should be 'train' or 'test'"),
     ("output_dir=''", "output_dir: '' is not a folder of its own"),
     ("output_dir=/", "output_dir: '/' is not a folder of its own"),

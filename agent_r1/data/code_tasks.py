@@ -93,44 +93,54 @@ KINDS: dict[str, _Kind] = {
 
 @dataclass(frozen=True)
 class CodeTaskConfig:
-    """``n_train`` and ``n_test`` problems of each kind in ``kinds`` (default: all), from ``seed``."""
+    """``n_train``, ``n_test`` and ``n_val`` problems of each kind in ``kinds`` (default: all), from ``seed``."""
 
     seed: int = 0
     n_train: int = 200
     n_test: int = 40
+    n_val: int = 0
     kinds: tuple[str, ...] = tuple(KINDS)
 
 
 def generate_code_tasks(cfg: CodeTaskConfig) -> dict[str, list[dict]]:
-    """``{"train": rows, "test": rows}``: each kind's first ``n_test`` distinct draws are test
-    problems, the next ``n_train`` train ones (no problem is in both)."""
+    """``{"train": rows, "test": rows}`` (and ``"val"`` with ``n_val``): each kind's first ``n_test``
+    distinct draws are test problems, the next ``n_train`` train ones (no problem is in both). The
+    val problems are drawn afterwards from a generator of their own, apart from both: train and
+    test are the same with or without them."""
     unknown = sorted(set(cfg.kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"code task kinds {unknown} are unknown; known: {sorted(KINDS)}")
-    rng = random.Random(cfg.seed)
-    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    rng, val_rng = random.Random(cfg.seed), random.Random(f"{cfg.seed}-val")
+    splits: dict[str, list[dict]] = {"train": [], "test": []} | ({"val": []} if cfg.n_val else {})
+    seen: dict[str, set[tuple]] = {kind: set() for kind in cfg.kinds}
+
+    def add(kind: str, split: str, params: tuple) -> None:
+        _, question, program, answer = KINDS[kind]
+        seen[kind].add(params)
+        splits[split].append({"id": f"{split}-{kind}-{len(splits[split]):05d}", "question": question(*params),
+                              "answers": [str(answer(*params))], "qtype": kind, "code": program(*params)})
+
+    def draw_new(kind: str, generator: random.Random, total: int) -> tuple:
+        for _ in range(100 * total):
+            if (params := KINDS[kind][0](generator)) not in seen[kind]:
+                return params
+        raise ValueError(f"code task kind {kind!r}: only {len(seen[kind])} distinct problems for "
+                         f"n_train + n_test + n_val = {total}")
+
     for kind in cfg.kinds:
-        draw, question, program, answer = KINDS[kind]
-        seen: set[tuple] = set()
-        total, tries = cfg.n_train + cfg.n_test, 0
-        while len(seen) < total:
-            tries += 1
-            if tries > 100 * total:
-                raise ValueError(f"code task kind {kind!r}: only {len(seen)} distinct problems for n_train + n_test = {total}")
-            params = draw(rng)
-            if params in seen:
-                continue
-            seen.add(params)
-            split = "test" if len(seen) <= cfg.n_test else "train"
-            splits[split].append({"id": f"{split}-{kind}-{len(splits[split]):05d}", "question": question(*params),
-                                  "answers": [str(answer(*params))], "qtype": kind, "code": program(*params)})
+        for k in range(cfg.n_train + cfg.n_test):
+            add(kind, "test" if k < cfg.n_test else "train", draw_new(kind, rng, cfg.n_train + cfg.n_test))
+    for kind in cfg.kinds:
+        for _ in range(cfg.n_val):
+            add(kind, "val", draw_new(kind, val_rng, cfg.n_train + cfg.n_test + cfg.n_val))
     return splits
 
 
 def write_code_tasks(cfg: CodeTaskConfig, out: Path) -> Path:
-    """The generated splits as ``<out>/{train,test}.parquet`` (task tables, agent_r1.data)."""
+    """The generated splits as ``<out>/{train,test,val}.parquet`` (task tables, agent_r1.data)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "corpus.parquet").unlink(missing_ok=True)
+    (out / "val.parquet").unlink(missing_ok=True)
     for split, rows in generate_code_tasks(cfg).items():
         write_tasks(rows, out / f"{split}.parquet", split, CODE_FIELDS, f"the generated code {split} split")
     return out

@@ -12,7 +12,9 @@ names to the next document. The world has
 
 and exactly one short document per film, person and studio. Entities are generated as two
 disjoint sub-worlds that share only the cities: ``train`` questions ask about the first,
-``test`` questions about the second (held out), and the corpus holds the documents of both.
+``test`` questions about the second (held out), and the corpus holds the documents of both. With
+``val_per_type`` > 0 a small third sub-world, generated after the other two (so their questions
+are the same with or without it), gives the ``val`` questions: for choosing settings, never on test.
 
 Question templates (``QTYPES``) range from 1 to 3 hops; each row carries the chain of entity
 names an oracle searches (``search_chain``) and the titles of the documents on that path
@@ -24,6 +26,7 @@ On-disk layout written by ``SyntheticWorld.write`` and read back by ``load_split
     corpus.parquet   doc_id, title, text       (unique doc_id and title; retrievers use both)
     train.parquet    QUESTION_COLUMNS
     test.parquet     QUESTION_COLUMNS
+    val.parquet      QUESTION_COLUMNS          (with val_per_type > 0)
     world.json       the config and the counts
 """
 
@@ -46,6 +49,7 @@ __all__ = [
     "QTYPES",
     "QUESTION_COLUMNS",
     "SPLITS",
+    "ALL_SPLITS",
     "SyntheticWorld",
     "WorldConfig",
     "generate",
@@ -76,7 +80,8 @@ _QUESTION_SCHEMA = pa.schema([
 ])
 _CORPUS_SCHEMA = pa.schema([("doc_id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # what every data source has
+ALL_SPLITS = ("train", "val", "test")  # with the validation split the generated sources write
 
 # qtype -> (hops, question template, relation path from the subject). The subject kind is the
 # first relation's owner; each relation but the last leads to the next document to search.
@@ -120,6 +125,7 @@ class WorldConfig:
     heldout_fraction: float = 0.25
     questions_per_type: int | dict[str, int] | None = None
     name_words: int = 2  # words per entity name: 2 (combinations) or 1 (single words)
+    val_per_type: int = 0  # validation questions per template, from a small third sub-world (0: none)
 
     def __post_init__(self) -> None:
         if self.name_words not in _INVENTORY_SIZES:
@@ -155,11 +161,13 @@ class SyntheticWorld:
     counts: dict[str, Any] = field(default_factory=dict)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write corpus.parquet, train.parquet, test.parquet and world.json into ``out_dir``."""
+        """Write corpus.parquet, train.parquet, test.parquet (val.parquet with ``val_per_type``)
+        and world.json into ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_corpus(self.corpus, out / "corpus.parquet")
-        for split in SPLITS:
+        (out / "val.parquet").unlink(missing_ok=True)
+        for split in SPLITS + (("val",) if self.config.val_per_type else ()):
             rows = self.questions[self.questions["split"] == split].reset_index(drop=True)
             write_questions(rows, out / f"{split}.parquet")
         meta = {"config": asdict(self.config), "counts": self.counts}
@@ -387,13 +395,17 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
     def caps(qtype: str) -> int | None:
         return q.get(qtype, 0) if isinstance(q, dict) else q
 
+    v = cfg.val_per_type  # the val sub-world: enough subjects for v questions of every template
+    if v:
+        sizes["val"] = (max(2, 2 * v), max(2, v), max(2, v))
+
     docs: dict[str, tuple[str, str]] = {}  # title -> (kind, text)
     rows: list[dict] = []
     counts: dict[str, Any] = {"cities": len(cities), "entities": {}, "questions": {}}
-    for split in SPLITS:
+    for split in SPLITS + tuple(sizes.keys() - set(SPLITS)):  # val last: train and test the same without it
         sub = _sub_world(rng, names, cities, *sizes[split])
         docs.update(_documents(rng, sub))
-        split_rows = _questions(rng, sub, split, caps)
+        split_rows = _questions(rng, sub, split, caps if split != "val" else lambda _: v)
         rows.extend(split_rows)
         n_dir = sum(p["director"] for p in sub["person"].values())
         counts["entities"][split] = {"films": len(sub["film"]), "directors": n_dir,
@@ -594,7 +606,7 @@ def _read(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
 
 def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     """Read and validate ``<data_dir>/<split>.parquet``: at least one question, every row's
-    ``split`` is ``split``, and no id is also in one of the other ``SPLITS`` of the folder."""
+    ``split`` is ``split``, and no id is also in one of the other splits (``ALL_SPLITS``) of the folder."""
     path = Path(data_dir) / f"{split}.parquet"
     df = _read(path)
     df = _validate_task_table(df, str(path)) if TASK_COLUMN in df.columns else validate_questions(df, str(path))
@@ -603,7 +615,7 @@ def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     for i, v in enumerate(df["split"].tolist()):
         if v != split:
             raise _bad(str(path), i, "split", f"expected {split!r}", v)
-    for other in SPLITS:
+    for other in ALL_SPLITS:
         other_path = Path(data_dir) / f"{other}.parquet"
         if other != split and other_path.exists():
             shared = set(df["id"]) & set(_read(other_path, ["id"])["id"])

@@ -5,7 +5,8 @@ beside it) and one task row per game in ``<out>/<split>.parquet``: ``game`` (the
 to ``<out>``), ``walkthrough`` (the game's own solution: the SFT demonstration and the ceiling
 baseline), ``hops`` (the quest length: the commands its walkthrough takes; the pipeline's
 hop-count selections ``sft.hops``, ``rl.hops``, ``eval.hops`` and the per-hop results read it),
-``max_score`` and ``seed``. Train and test games come from disjoint seed ranges,
+``max_score`` and ``seed``. Train, val and test games come from disjoint seed ranges (the val games,
+for choosing settings, have the test games' quest lengths),
 and their quest lengths are separate settings, so the test games can be longer than anything
 demonstrated.
 """
@@ -25,6 +26,7 @@ from agent_r1.data.synthetic import DataError, write_tasks
 
 GAME_FIELDS = ("game", "walkthrough")
 TEST_SEED_OFFSET = 500_000  # test game k of data seed s has seed s * 1_000_000 + 500_000 + k: never a train seed
+VAL_SEED_OFFSET = 250_000  # val game k: s * 1_000_000 + 250_000 + k, neither a train nor a test seed
 
 
 class GamesConfig(BaseModel):
@@ -43,10 +45,12 @@ class GamesConfig(BaseModel):
     """Training games (for SFT's walkthroughs and RL)."""
     test_games: int = Field(16, ge=1, le=TEST_SEED_OFFSET)
     """Held-out test games (seeds disjoint from the training games)."""
+    val_games: int = Field(0, ge=0, le=TEST_SEED_OFFSET - VAL_SEED_OFFSET)
+    """Validation games, with the test games' quest lengths (seeds disjoint from train and test; 0: no val split)."""
 
 
 def game_seed(data_seed: int, split: str, k: int) -> int:
-    return data_seed * 1_000_000 + (TEST_SEED_OFFSET if split == "test" else 0) + k
+    return data_seed * 1_000_000 + {"train": 0, "val": VAL_SEED_OFFSET, "test": TEST_SEED_OFFSET}[split] + k
 
 
 def tw_make() -> str:
@@ -79,14 +83,17 @@ def write_text_games(cfg: GamesConfig, data_seed: int, out: Path, workers: int =
     (a resumed pipeline, another method on the same data) does not wait for tw-make again."""
     games, settings = out / "games", json.dumps({"games": cfg.model_dump(), "seed": data_seed}, sort_keys=True)
     stamp = games / "settings.json"
-    if stamp.exists() and stamp.read_text() == settings and all((out / f"{s}.parquet").exists() for s in ("train", "test")):
+    splits = ("train", "test") + (("val",) if cfg.val_games else ())
+    if stamp.exists() and stamp.read_text() == settings and all((out / f"{s}.parquet").exists() for s in splits):
         return out
     if games.exists():
         shutil.rmtree(games)
     games.mkdir(parents=True)
     (out / "corpus.parquet").unlink(missing_ok=True)
+    (out / "val.parquet").unlink(missing_ok=True)
     jobs = []
-    for split, n, lengths in (("train", cfg.train_games, cfg.train_quest_lengths), ("test", cfg.test_games, cfg.test_quest_lengths)):
+    for split, n, lengths in (("train", cfg.train_games, cfg.train_quest_lengths), ("test", cfg.test_games, cfg.test_quest_lengths),
+                              ("val", cfg.val_games, cfg.test_quest_lengths)):
         jobs += [(split, k, lengths[k % len(lengths)], game_seed(data_seed, split, k)) for k in range(n)]
 
     def one(job):
@@ -97,7 +104,7 @@ def write_text_games(cfg: GamesConfig, data_seed: int, out: Path, workers: int =
 
     with ThreadPoolExecutor(workers) as pool:
         rows = list(pool.map(one, jobs))
-    for split in ("train", "test"):
+    for split in splits:
         write_tasks([r for s, r in rows if s == split], out / f"{split}.parquet", split, GAME_FIELDS,
                     f"the generated textworld {split} games")
     stamp.write_text(settings)  # last: an interrupted generation is redone

@@ -447,8 +447,10 @@ class Learner:
         live = ((batch.advantages != 0) & batch.loss_mask.bool()).any(1)
         return live.nonzero().squeeze(1)
 
-    def sft_step(self, batch: TrainBatch) -> dict:
-        """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens."""
+    def sft_step(self, batch: TrainBatch, rows: torch.Tensor | None = None) -> dict:
+        """One optimizer step of next-token cross-entropy on the loss-masked (action) tokens,
+        normalised over every rank's loss tokens. ``rows``: this rank's rows (default: its share
+        of a batch every rank holds)."""
 
         def loss_fn(mb):
             logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, positions=mb.loss_mask,
@@ -457,7 +459,7 @@ class Learner:
             return loss, {"sft_loss": loss.detach()}
 
         self.engine.train()  # with N ranks, each runs its share of the batch's rows
-        rows = torch.arange(len(batch)).tensor_split(world_size())[rank()]
+        rows = torch.arange(len(batch)).tensor_split(world_size())[rank()] if rows is None else rows
         return self._accumulate(self.engine, batch, rows, "loss_mask", loss_fn)
 
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict:

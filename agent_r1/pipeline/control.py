@@ -1,8 +1,11 @@
 """The SFT-only control: SFT alone for RL's training time, from the SFT checkpoint (method
-``sft_control``), the check that RL's gain is not just RL's extra training time."""
+``sft_control``), the check that RL's gain is not just RL's extra training time. With the held-out
+curve on (``eval.every``) it gets points on the same tasks at the fractions of its training time
+where RL's curve has them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -11,10 +14,10 @@ from agent_r1.config import RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.models import load_model
-from agent_r1.pipeline.rl_driver import rl_seconds
-from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config
+from agent_r1.pipeline.rl_driver import curve_path, rl_seconds
+from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config, write_json
 from agent_r1.progress import Progress
-from agent_r1.run import Agent, make_tools, oracle_demonstrations
+from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
 from agent_r1.sft import sft as sft_loop
 
 log = logging.getLogger(__name__)
@@ -26,7 +29,11 @@ class _TimeUp(Exception):
 
 def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | None = None) -> Path:
     """SFT alone for ``seconds`` (default: :func:`rl_seconds`) more from the SFT checkpoint;
-    writes ``checkpoints/sft_control``."""
+    writes ``checkpoints/sft_control``. With RL's held-out curve (``eval.every``), the control's
+    curve (``metrics/heldout/sft_control.json``): RL's point at iteration 0 (the same SFT model),
+    then a point on the same tasks wherever its training time (the curve's own left out) reaches
+    the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
+    RL's episodes."""
     seconds = rl_seconds(cfg) if seconds is None else seconds
     log.info("control: SFT for %.0f s, RL's training time", seconds)
     data_dir = cfg.out / "data"
@@ -34,12 +41,30 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
     learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
-    deadline, seed = time.perf_counter() + seconds, cfg.seed
+    rl_curve = _rl_curve(cfg)
+    curve, due = rl_curve[:1], rl_curve[1:]  # RL's iteration 0 is this model too
+    rl_wall = max((p["wall_s"] for p in rl_curve), default=0.0) or 1.0
+    rl_episodes = max((p["episodes"] for p in rl_curve), default=0)  # x: the same share of RL's episodes
+    tasks = curve_tasks(cfg) if due else []
+    seed, t0, held_s = cfg.seed, time.perf_counter(), 0.0
+
+    def trained_s() -> float:  # training time so far, the curve's evaluations left out
+        return time.perf_counter() - t0 - held_s
+
+    def point(share: float, rl_point: dict) -> None:  # at the share of its time where RL's curve has rl_point
+        nonlocal held_s
+        metrics = heldout_point(agent, tasks, progress, f"heldout sft_control @ {share:.0%}")
+        held_s += metrics["eval_s"]
+        curve.append({"iteration": rl_point["iteration"], "episodes": round(share * rl_episodes), "wall_s": share * seconds,
+                      **metrics})
 
     with (progress or Progress.null()).task("sft control", total=None) as report:
         def on_step(step: int, total: int, m: dict) -> None:
             report(f"loss {m['sft_loss']:.3f}")
-            if time.perf_counter() >= deadline:
+            while due and trained_s() >= due[0]["wall_s"] / rl_wall * seconds:
+                p = due.pop(0)
+                point(p["wall_s"] / rl_wall, p)
+            if trained_s() >= seconds:
                 raise _TimeUp
 
         try:
@@ -49,4 +74,14 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
                          on_step=on_step)
         except _TimeUp:
             pass
+        for p in due:  # the last point(s): at the end of its time
+            point(p["wall_s"] / rl_wall, p)
+    if rl_curve:
+        write_json(curve_path(cfg, "sft_control"), curve)
     return learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+
+
+def _rl_curve(cfg: RunConfig) -> list[dict]:
+    """The held-out points of RL's method (``rl.algorithm``'s), whose times the control's match."""
+    path = curve_path(cfg, cfg.rl.method)
+    return json.loads(path.read_text()) if cfg.curve_every and path.exists() else []

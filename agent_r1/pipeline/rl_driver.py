@@ -10,7 +10,13 @@ name. Build one from parts
 pipeline config with :meth:`RLTrainer.from_config`.
 
 What an estimator needs (a critic, groups, its settings) comes from its registry entry
-(:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here.
+(:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here. The method ``rft``
+(rejection-sampling fine-tuning) runs in the same loop: the same episodes, then an SFT step on the
+action tokens of those whose final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
+
+With ``eval.every`` the trainer draws the held-out curve: at iteration 0 (the start model), every
+``eval.every`` iterations and at the last, greedy episodes on the same held-out tasks
+(:func:`~agent_r1.run.curve_tasks`), logged as ``heldout/<metric>`` against episodes seen.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 import torch
 
 from agent_r1.algorithms import AdvantageInputs, get_advantage
-from agent_r1.config import ConfigError, HealthConfig, RLConfig, RunConfig, parse_method
+from agent_r1.config import RFT, ConfigError, HealthConfig, RLConfig, RunConfig, parse_method, val_hint
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
@@ -43,7 +49,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerp
                                      mark_complete, resumable, save_state, write_json)
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
-from agent_r1.run import Agent, make_tools, tasks_for
+from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, tasks_for
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
 
@@ -152,10 +158,13 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     every group); ``cfg.overlong_filter`` zeroes the loss mask of the episodes that ended for its reasons.
     Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
     (``Step.state_key``), the share of steps that start from a state another step of their group starts from
-    (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare)."""
+    (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare).
+    For ``rft``: :func:`rft_batch`."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
+    if cfg.algorithm == RFT:
+        return rft_batch(trajs, cfg, pad_id)
     if not cfg.process_rewards:  # the final reward alone (the episodes keep their step rewards, for the logs)
         trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
     info = {}
@@ -197,6 +206,21 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     return batch
 
 
+def rft_kept(t: Trajectory, cfg: RLConfig) -> bool:
+    """Rejection sampling: an episode RFT fine-tunes on (final reward ≥ ``rl.rft_threshold``)."""
+    return t.stop_reason != "env_error" and t.final_reward >= cfg.rft_threshold
+
+
+def rft_batch(trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> TrainBatch:
+    """RFT's batch: every episode packed, the loss mask kept on the action tokens of the kept ones
+    (:func:`rft_kept`) and cleared on the rest, so the update (:meth:`Learner.sft_step`) is the SFT
+    step on the kept episodes' action tokens, normalised over them."""
+    seqs = [(s, rft_kept(t, cfg)) for i, t in enumerate(trajs) for s in to_sequences(t, i)]
+    batch = collate([s for s, _ in seqs], pad_id, cfg.loss_mask, cfg.adv_mask)
+    batch.loss_mask = batch.loss_mask * torch.tensor([keep for _, keep in seqs], dtype=batch.loss_mask.dtype)[:, None]
+    return batch
+
+
 def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     """The learner's update (with its throughput: tokens of the rows it ran per s), then its new
     weights to the engine (a vLLM server; nothing to do for an engine that shares the learner's
@@ -204,7 +228,8 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     ``rl.max_staleness`` ≥ 1 the weights are written and handed to the rollout thread, which loads
     them between two batches."""
     t0 = time.perf_counter()
-    stats = batch.info | trainer.learner.update(batch, trainer.rng)
+    update = _rft_update(trainer.learner, batch) if trainer.cfg.algorithm == RFT else trainer.learner.update(batch, trainer.rng)
+    stats = batch.info | update
     stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
     if trainer.cfg.max_staleness:  # the rollout thread loads them before its next batch
         t0 = time.perf_counter()
@@ -228,9 +253,22 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     return stats
 
 
+def _rft_update(learner: Learner, batch: TrainBatch) -> dict:
+    """RFT's update: one SFT step on this rank's rows (plain NLL on the kept action tokens: no
+    ratio, no clipping, no KL); none when no rank kept an episode."""
+    kept = batch.loss_mask.sum(1) > 0
+    tokens = float(batch.attention_mask[kept].sum())
+    if not any_rank(bool(kept.any())):
+        return {"update/tokens": 0}
+    stats = learner.sft_step(batch, rows=torch.arange(len(batch)))
+    return {"rft/nll": stats["sft_loss"], "update/tokens": int(all_reduce([tokens])[0])}
+
+
 def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) -> dict:
-    """Record the iteration's metrics (of every rank's episodes) and the run's health alarms
-    (:mod:`~agent_r1.pipeline.health`); save a resumable state every ``rl.checkpoint_every``."""
+    """Record the iteration's metrics (of every rank's episodes); add a point to the held-out
+    curve when one is due (:meth:`RLTrainer.heldout_point`), then the run's health alarms
+    (:mod:`~agent_r1.pipeline.health`, which compare the training reward with the held-out one);
+    save a resumable state every ``rl.checkpoint_every``."""
     trajs = gathered(trajs)
     staleness = [trainer.iteration - t.policy_version for t in trajs]  # versions behind the learner it trained
     if max(staleness) > trainer.cfg.max_staleness:
@@ -244,15 +282,21 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
              "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
              "iteration": it, "time/rollout_s": trainer.rollout_s, "time/rollout_wait_s": trainer.rollout_wait_s,
              "time/iteration_s": time.perf_counter() - trainer.t_start}
+    if cfg.algorithm == RFT:
+        stats["rft/kept_fraction"] = sum(rft_kept(t, cfg) for t in trajs) / len(trajs)
+    if trainer.curve_due():  # logged at step = episodes seen; the history keeps the held-out reward for health
+        stats[health.HELDOUT_REWARD] = trainer.heldout_point(stats["time/iteration_s"]).get("reward")
+        if stats[health.HELDOUT_REWARD] is None:
+            del stats[health.HELDOUT_REWARD]
     stats = health.watch(trainer.history, stats, trajs, trainer.health, trainer.log)
     trainer.history.append(stats)
-    trainer.log.metrics(stats, it)
+    trainer.log.metrics({k: v for k, v in stats.items() if k != health.HELDOUT_REWARD}, it)
     if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
         trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
         if trainer.files is not None and is_main():
             save_parquet(trajs, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
     if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
-        client = {"step": it, "history": trainer.history, "rng": trainer.rng.get_state(),
+        client = {"step": it, "history": trainer.history, "curve": trainer.curve, "rng": trainer.rng.get_state(),
                   "torch_rng": torch.get_rng_state(), "curriculum": trainer.curriculum and trainer.curriculum.state()}
         save_state(trainer.learner, trainer.files.state, trainer.files.fingerprint, client)
     return stats
@@ -283,23 +327,33 @@ def for_method(cfg: RunConfig, method: str) -> RunConfig:
 
 
 # ------------------------------------------------------------------------------ the driver
+CURVE_KEYS = ("eval.every", "eval.curve_size", "eval.curve_split", "eval.temperature")  # what shapes the curve
+
+
+def curve_path(cfg: RunConfig, method: str) -> Path:
+    """A method's held-out curve: its points (``[]`` without ``eval.every``)."""
+    return cfg.out / "metrics" / "heldout" / f"{method}.json"
+
+
 @dataclass(frozen=True)
 class RLFiles:
     """Where a pipeline's RL run writes: the agent, the per-iteration metrics, the resumable
-    state, some iterations' rollouts (parquet, :func:`~agent_r1.trajectory.load_parquet`), and
-    the fingerprint of the config they belong to."""
+    state, some iterations' rollouts (parquet, :func:`~agent_r1.trajectory.load_parquet`), the
+    held-out curve's points, and the fingerprint of the config they belong to."""
 
     checkpoint: Path
     history: Path
     state: Path
     rollouts: Path
     fingerprint: str
+    curve: Path | None = None
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "RLFiles":
         method = cfg.rl.method
         return cls(checkpoint_dir(cfg, method), history_path(cfg, method), cfg.out / "state" / f"rl_{method}",
-                   cfg.out / "rollouts" / method, fingerprint(cfg, "data", "model", "env", "sft", "rl"))
+                   cfg.out / "rollouts" / method, fingerprint(cfg, "data", "model", "env", "sft", "rl", *CURVE_KEYS),
+                   curve_path(cfg, method))
 
     def complete(self) -> bool:
         """Finished before under this config (then a re-run skips it)."""
@@ -318,12 +372,17 @@ class RLTrainer:
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
     the agent and its metrics. ``health`` holds the thresholds of the run's alarms.
+
+    ``heldout(progress, label)`` gives one point of the held-out curve (a dict of metrics: see
+    :func:`~agent_r1.run.heldout_point`), taken at iteration 0, every ``every`` iterations and at
+    the last; the points (:attr:`curve`) resume with the rest.
     """
 
     def __init__(self, learner: Learner, engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager,
                  cfg: RLConfig, *, max_new_tokens: int, max_context_tokens: int | None = None, seed: int = 0,
-                 stage_log: StageLog = NULL_LOG, files: RLFiles | None = None, health: HealthConfig = HealthConfig()):
-        if get_advantage(cfg.algorithm).needs_critic and learner.critic is None:
+                 stage_log: StageLog = NULL_LOG, files: RLFiles | None = None, heldout=None, every: int = 0,
+                 health: HealthConfig = HealthConfig()):
+        if cfg.algorithm != RFT and get_advantage(cfg.algorithm).needs_critic and learner.critic is None:
             raise ValueError(f"estimator {cfg.algorithm!r} needs a critic: give the Learner critic=ValueModel(...)")
         if not tasks:
             raise ValueError("RLTrainer: no tasks to train on")
@@ -334,11 +393,13 @@ class RLTrainer:
         self.tokenizer = context.tokenizer
         self.rng = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        self.iteration, self.history = 0, []
+        self.iteration, self.history, self.curve = 0, [], []
+        self.heldout, self.every = heldout, every if heldout is not None else 0
+        self.progress: Progress | None = None  # run()'s, for the held-out points' progress lines
         self.curriculum = Curriculum(len(tasks), cfg.curriculum) if cfg.curriculum.enabled else None
         if files is not None and resumable(files.state, files.fingerprint):
             client = self.learner.load_state(files.state)
-            self.iteration, self.history = client["step"], client["history"]
+            self.iteration, self.history, self.curve = client["step"], client["history"], client.get("curve", [])
             if self.curriculum is not None and client.get("curriculum"):
                 self.curriculum.load(client["curriculum"])
             self.rng.set_state(client["rng"])
@@ -368,15 +429,23 @@ class RLTrainer:
         start = _start_path(cfg, tracker)
         model, tokenizer = load_model(start)
         agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
-        lc = cfg.rl.learner
-        reference = load_model(start)[0] if lc.kl_coef > 0 else None
-        critic = ValueModel(load_model(start)[0]) if get_advantage(cfg.rl.algorithm).needs_critic else None
+        lc, rft = cfg.rl.learner, cfg.rl.algorithm == RFT
+        reference = load_model(start)[0] if lc.kl_coef > 0 and not rft else None
+        critic = ValueModel(load_model(start)[0]) if not rft and get_advantage(cfg.rl.algorithm).needs_critic else None
         learner = Learner(model, lc, reference=reference, critic=critic, precision=cfg.model.precision)
+        heldout = None
+        if cfg.eval.every and not cfg.curve_every:
+            log.warning("eval.every: no held-out curve: the data has no val split (%s, or set eval.curve_split)",
+                        val_hint(cfg))
+        if cfg.curve_every:
+            held = curve_tasks(cfg)
+            heldout = lambda progress, label: heldout_point(agent, held, progress, label)  # noqa: E731
         engine = make_engine(cfg, model, tokenizer, start)
         try:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
                        max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
-                       seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), health=cfg.health)
+                       seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), heldout=heldout, every=cfg.curve_every,
+                       health=cfg.health)
         except BaseException:
             engine.close()
             raise
@@ -384,6 +453,26 @@ class RLTrainer:
     @property
     def done(self) -> bool:
         return self.iteration >= self.cfg.iterations
+
+    def curve_due(self) -> bool:
+        """A held-out point is due at this iteration (0, every ``every``, the last) and not taken yet."""
+        it = self.iteration
+        due = self.every and (it % self.every == 0 or it == self.cfg.iterations)
+        return bool(due) and not any(p["iteration"] == it for p in self.curve)
+
+    def heldout_point(self, current_s: float = 0.0) -> dict:
+        """Evaluate the held-out curve's tasks now; log the point (``heldout/<metric>`` at step =
+        episodes seen, with ``heldout/iteration`` and ``heldout/wall_s``: the training time so far,
+        the curve's own time left out) and keep it in :attr:`curve`."""
+        it = self.iteration
+        metrics = self.heldout(self.progress, f"heldout {self.method} @ iteration {it}")
+        point = {"iteration": it, "episodes": it * self.cfg.tasks_per_iteration * self.cfg.group_size,
+                 "wall_s": sum(h["time/iteration_s"] for h in self.history) + current_s, **metrics}
+        self.curve.append(point)
+        self.log.metrics({f"heldout/{k}": v for k, v in point.items() if k != "episodes"}, point["episodes"])
+        shown = ", ".join(f"{k} {metrics[k]:.3f}" for k in ("em", "won", "reward") if k in metrics)
+        log.info("RL %s: held-out point at iteration %d (%d episodes): %s", self.method, it, point["episodes"], shown)
+        return point
 
     def write_weights(self, folder: Path) -> None:
         self.learner.save(folder, self.tokenizer)
@@ -419,6 +508,8 @@ class RLTrainer:
             return None
         out = self.learner.save(self.files.checkpoint, self.tokenizer)
         write_json(self.files.history, self.history)
+        if self.files.curve is not None:
+            write_json(self.files.curve, self.curve)
         mark_complete(out, self.files.fingerprint)
         self.log.curves(self.history, ["reward_mean", "em", "won", "tool_calls", "policy/entropy", "policy/kl"], "curves.png")
         if is_main():
@@ -428,6 +519,9 @@ class RLTrainer:
     def run(self, progress: Progress | None = None, runner: Runner = DIRECT) -> Path | None:
         """Every remaining iteration, then :meth:`finish`."""
         total = self.cfg.iterations
+        self.progress = progress
+        if self.curve_due():  # iteration 0: the start model
+            self.heldout_point()
         with (progress or Progress.null()).task(f"rl {self.method}", total=total) as report:
             report(f"iteration {self.iteration}/{total}", self.iteration / max(total, 1))
             while not self.done:

@@ -41,7 +41,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_lea
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
-from agent_r1.run import (Agent, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data,
+from agent_r1.run import (Agent, curve_tasks, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data,
                           selection_problems, tasks_for)
 from agent_r1.sft import sft as sft_loop
 from agent_r1.transcripts import transcripts
@@ -65,7 +65,7 @@ def _prepare(cfg: RunConfig, stage_log: StageLog) -> dict:
     if problems:
         raise ConfigError("\n".join(problems))
     info = {"data_version": data_version(data_dir)}
-    for split in ("train", cfg.eval.split):
+    for split in dict.fromkeys(("train", "val", cfg.eval.split)):
         if (data_dir / f"{split}.parquet").exists():  # a single HotpotQA file has no training split
             info[f"{split}_questions"] = len(load_split(data_dir, split))
     stage_log.params(info)
@@ -173,6 +173,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
     answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
     other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
+    With ``eval.every``, the held-out curves too (:func:`heldout_curves`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
@@ -185,22 +186,53 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
     model = None
     for method, src in checkpoints.items():
-        if method in POLICY_BASELINES:
-            trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
-            by_hops = summarize_by_hops(trajs, tasks)
-        else:
-            model, by_hops, trajs = _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+        model, by_hops, trajs = _score(cfg, method, src, tools, tasks, progress, tracker, model)
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
             flat |= {f"em_{q}": v for q, v in metrics.get("em_by_qtype", {}).items()}
             stage_log.metrics({f"{split}/{method}/{k}": v for k, v in flat.items()})
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
+    if cfg.curve_every:
+        results |= heldout_curves(cfg, checkpoints, tools, stage_log, progress, tracker)
     write_json(path, results)
     stage_log.artifact(path)
     if model is not None:
         write_json(path.with_name("model.json"), model_card(cfg, model))
     return results
+
+
+def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None):
+    """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
+    (``model`` for a baseline without one), the summary by hop count and the episodes."""
+    if method in POLICY_BASELINES:
+        trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
+        return model, summarize_by_hops(trajs, tasks), trajs
+    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+
+
+def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
+                   progress: Progress | None = None, tracker=None) -> dict:
+    """The held-out curves of the trained methods and the SFT-only control (``metrics/heldout/``)
+    beside the baselines (``eval.baselines``) of ``checkpoints`` scored on the same curve tasks: the figure
+    ``metrics/curves.png`` (also an MLflow artifact) and eval.json's rows
+    ``{"curve_<split>": {method: {<metric>_auc, <metric>_final, ...}}}``; nothing without curves."""
+    from agent_r1.pipeline.curves import curve_metric, draw, read_curves, summary
+
+    curves = read_curves(cfg.out / "metrics" / "heldout", rl_methods(cfg) + ["sft_control"])
+    if not curves:
+        return {}
+    metric, tasks = curve_metric(curves), curve_tasks(cfg)
+    baselines = {}
+    for method, src in checkpoints.items():
+        if method in cfg.eval.baselines:
+            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker)
+            baselines[method] = float(by_hops["all"].get(metric, 0.0))
+    split = f"curve_{cfg.eval.curve_split}"
+    path = draw(curves, baselines, metric, f"{cfg.name}: held-out {metric}, {len(tasks)} {cfg.eval.curve_split} tasks",
+                cfg.out / "metrics" / "curves.png")
+    stage_log.artifact(path)
+    return {split: summary(curves, baselines, metric, len(tasks))}
 
 
 def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker):

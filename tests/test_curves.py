@@ -1,0 +1,183 @@
+"""Held-out learning curves (eval.every), the validation split they are drawn on, and rejection-sampling
+fine-tuning (method rft) in the RL loop."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_r1.config import RLConfig
+from agent_r1.data.code_tasks import CodeTaskConfig, generate_code_tasks
+from agent_r1.data.synthetic import WorldConfig, generate
+from agent_r1.evaluate import curve_markdown
+from agent_r1.learner import Learner, LearnerConfig
+from agent_r1.pipeline.curves import area, summary
+from agent_r1.pipeline.rl_driver import _rft_update, build_train_batch
+from test_learner import batch_of, make_trajs, state
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _digest(obj) -> str:
+    return hashlib.md5(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def test_the_code_val_split_is_disjoint_seeded_and_leaves_train_and_test_as_they_were():
+    without = generate_code_tasks(CodeTaskConfig(seed=3, n_train=20, n_test=5))
+    with_val = generate_code_tasks(CodeTaskConfig(seed=3, n_train=20, n_test=5, n_val=4))
+    val = with_val.pop("val")
+    assert _digest(with_val) == _digest(without)
+    assert len(val) == 4 * 6 and val == generate_code_tasks(CodeTaskConfig(seed=3, n_train=20, n_test=5, n_val=4))["val"]
+    questions = {t["question"] for split in without.values() for t in split}
+    assert not {t["question"] for t in val} & questions
+
+
+def test_the_synthetic_val_split_asks_about_a_world_of_its_own():
+    cfg = dict(seed=1, n_films=60, n_directors=20, n_studios=6)
+    without, world = generate(WorldConfig(**cfg)), generate(WorldConfig(**cfg, val_per_type=3))
+    q = world.questions
+    assert q[q.split != "val"].to_json() == without.questions.to_json()
+    val = q[q.split == "val"]
+    assert len(val) == 3 * q.qtype.nunique() and val.id.is_unique
+    names = lambda df: {n for chain in df.search_chain for n in chain}  # noqa: E731
+    assert not names(val) & names(q[q.split != "val"])
+    assert names(val) <= set(world.corpus.title)  # its documents are searchable
+    assert set(without.corpus.title) <= set(world.corpus.title)
+
+
+def test_the_rft_update_is_an_sft_step_on_the_kept_episodes_action_tokens(tok, make_model):
+    trajs = make_trajs(seed=5, n=6)  # final rewards 0, 1, 0, 1, ...: the odd ones are kept
+    kept = [t for t in trajs if t.final_reward >= 1.0]
+    rft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3, kl_coef=0.1), precision="fp32")
+    sft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3), precision="fp32")
+    batch = build_train_batch(rft, trajs, RLConfig(algorithm="rft", rft_threshold=1.0), tok.pad_token_id)
+    stats = _rft_update(rft, batch)
+    reference = sft.sft_step(batch_of(kept, tok.pad_token_id))
+    assert stats["rft/nll"] == pytest.approx(reference["sft_loss"], rel=1e-5)
+    after, expected = state(rft.model), state(sft.model)
+    assert any(not torch.equal(after[k], state(make_model(seed=2))[k]) for k in after)
+    for k in after:
+        torch.testing.assert_close(after[k], expected[k], rtol=1e-4, atol=1e-6)
+
+
+def test_rft_with_nothing_kept_leaves_the_policy_alone(tok, make_model):
+    learner = Learner(make_model(seed=2), LearnerConfig(lr=1e-3), precision="fp32")
+    before = state(learner.model)
+    batch = build_train_batch(learner, make_trajs(seed=5, n=4), RLConfig(algorithm="rft", rft_threshold=2.0),
+                              tok.pad_token_id)
+    assert _rft_update(learner, batch) == {"update/tokens": 0}
+    assert all(torch.equal(v, state(learner.model)[k]) for k, v in before.items())
+
+
+def test_the_curve_area_is_the_trapezoid_mean_and_baselines_are_flat():
+    points = [{"episodes": 0, "em": 0.0}, {"episodes": 10, "em": 1.0}, {"episodes": 30, "em": 1.0}]
+    assert area(points, "em") == pytest.approx((5 + 20) / 30)
+    rows = summary({"grpo": points}, {"no_tool": 0.25}, "em", 20)
+    assert rows["grpo"]["em_final"] == 1.0 and rows["no_tool"] == {"em_auc": 0.25, "em_final": 0.25, "points": 0, "n": 20}
+    table = curve_markdown(rows, "curve_val")  # what `agent-r1 table` adds below the comparison
+    assert "| curve_val em AUC | final |" in table and "| no_tool | 0.250 | 0.250 | 0 |" in table
+    assert table.index("no_tool") < table.index("| grpo | 0.833 | 1.000 | 3 |")
+
+
+def test_evaluating_a_split_the_data_lacks_is_one_clear_error_and_a_curve_on_it_is_off():
+    from agent_r1.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="eval.split: val: the data has no val split .set data.val_per_type > 0"):
+        load_config("code-tiny", ROOT / "pipelines.yaml", {"eval": {"split": "val"}, "data": {"val_per_type": 0}})
+    assert load_config("code-tiny", ROOT / "pipelines.yaml", {"eval": {"every": 2}}).curve_every == 2
+    assert load_config("hotpotqa", ROOT / "pipelines.yaml", {"eval": {"every": 2}}).curve_every == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # code-tiny's stages, twice RL, the curves: a few minutes on a free 2-core machine
+def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_path):
+    """`agent-r1 train -p code-tiny -s eval.every=1` (with rft beside grpo): a held-out point per
+    iteration 0..N of each method in MLflow, at step = episodes seen; the figure; the curve rows."""
+    from mlflow.tracking import MlflowClient
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "code-tiny", "--config",
+                          str(ROOT / "pipelines.yaml"), "-s", "eval.every=1", "-s", "methods=[grpo, rft]",
+                          "-s", "eval.curve_size=6", "-s", f"output_dir={tmp_path / 'out'}"],
+                         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    iterations, group = 2, 4 * 4  # code-tiny: 2 iterations of 4 tasks x 4 episodes
+    for method in ("grpo", "rft"):
+        run_id = next(r.info.run_id for name, r in runs.items() if name and name.endswith(method))
+        em = client.get_metric_history(run_id, "heldout/em")
+        assert sorted(m.step for m in em) == [i * group for i in range(iterations + 1)]
+        assert sorted(m.value for m in client.get_metric_history(run_id, "heldout/iteration")) == [0, 1, 2]
+        assert len(client.get_metric_history(run_id, "heldout/wall_s")) == iterations + 1
+        points = json.loads((tmp_path / "out" / "metrics" / "heldout" / f"{method}.json").read_text())
+        assert [p["iteration"] for p in points] == [0, 1, 2]
+    history = json.loads((tmp_path / "out" / "metrics" / "train" / "rft.json").read_text())
+    assert all(0.0 <= h["rft/kept_fraction"] <= 1.0 for h in history)
+    assert (tmp_path / "out" / "metrics" / "curves.png").stat().st_size > 0
+    rows = json.loads((tmp_path / "out" / "metrics" / "eval.json").read_text())["curve_val"]
+    assert {"grpo", "rft", "no_tool", "base_tool_call"} <= set(rows) and "em_auc" in rows["grpo"]
+    evaluate = next(r.info.run_id for name, r in runs.items() if name and name.endswith("evaluate"))
+    assert "curves.png" in {a.path.split("/")[-1] for a in client.list_artifacts(evaluate, "")} | {
+        a.path.split("/")[-1] for a in client.list_artifacts(evaluate, "metrics")}
+
+
+def test_a_resumed_run_keeps_its_held_out_points_and_takes_each_once(tok, make_model, tmp_path):
+    from agent_r1.context import ContextManager
+    from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer
+    from agent_r1.rollout import HFEngine
+    from test_rl import TASKS, LetterEnv
+
+    calls = []
+
+    def heldout(progress, label):
+        calls.append(label)
+        return {"em": 0.1 * len(calls), "eval_s": 0.0}
+
+    files = RLFiles(tmp_path / "rl", tmp_path / "history.json", tmp_path / "state", tmp_path / "rollouts", "fp",
+                    tmp_path / "heldout.json")
+    cfg = RLConfig(group_size=2, tasks_per_iteration=2, iterations=2, checkpoint_every=1)
+
+    def trainer() -> RLTrainer:
+        learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-3), precision="fp32")
+        return RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), LetterEnv, TASKS, ContextManager(tok),
+                         cfg, max_new_tokens=4, max_context_tokens=256, files=files, heldout=heldout, every=1)
+
+    first = trainer()
+    first.heldout_point()  # iteration 0, as run() takes it
+    first.step()  # iteration 1: its point, then the resumable state; then the run is killed
+    first.close()
+    again = trainer()
+    assert again.iteration == 1 and [p["iteration"] for p in again.curve] == [0, 1]
+    again.run()
+    points = json.loads(files.curve.read_text())
+    assert [p["iteration"] for p in points] == [0, 1, 2] and len(calls) == 3
+    assert [p["episodes"] for p in points] == [0, 4, 8] and points[2]["wall_s"] >= points[1]["wall_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_control_gets_points_on_the_same_tasks_at_rl_s_shares_of_its_time(tmp_path):
+    from agent_r1.pipeline import stages
+    from agent_r1.pipeline.control import control
+    from agent_r1.pipeline.rl_driver import curve_path
+    from agent_r1.pipeline.state import history_path
+    from test_pipeline import tiny_cfg
+
+    cfg = tiny_cfg(tmp_path, "sft.epochs=0.05", "eval.every=1", "data.val_per_type=1", "eval.curve_size=2")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    rl = [{"iteration": i, "episodes": 8 * i, "wall_s": 0.5 * i, "em": 0.25} for i in range(3)]
+    for path, data in ((curve_path(cfg, cfg.rl.method), rl),
+                       (history_path(cfg, cfg.rl.method), [{"time/iteration_s": 0.5}, {"time/iteration_s": 0.5}])):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    control(cfg)
+    points = json.loads(curve_path(cfg, "sft_control").read_text())
+    assert points[0] == rl[0]  # the SFT start, RL's iteration 0
+    assert [(p["episodes"], p["wall_s"]) for p in points[1:]] == [(8, 0.5), (16, 1.0)]
+    assert all(0.0 <= p["em"] <= 1.0 and p["eval_s"] > 0 for p in points[1:])
