@@ -356,12 +356,14 @@ def _scratch_tiny(folder: Path, iterations: int = 2) -> None:
 NPROC_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm --nproc 2 -s rl.iterations=2 --no-track"
 
 
-def _watchdogs() -> set[int]:
-    """The pids of every vLLM server watchdog on the machine."""
+def _watchdogs(under: Path) -> set[int]:
+    """The pids of the vLLM server watchdogs whose log (their stdout) is under ``under``: a test's
+    own servers, whatever other servers run on the machine."""
     out = set()
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and b"vllm_server.py\0--watch\0" in (p / "cmdline").read_bytes():
+            if p.name.isdigit() and b"vllm_server.py\0--watch\0" in (p / "cmdline").read_bytes() and \
+                    Path(os.readlink(p / "fd" / "1")).is_relative_to(under):
                 out.add(int(p.name))
         except OSError:
             pass
@@ -380,7 +382,6 @@ def test_two_ranks_train_with_one_vllm_server(tmp_path):
     out = tmp_path / "out"
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in launcher}
-    before = _watchdogs()
     with open(tmp_path / "train.log", "w") as log:
         proc = subprocess.Popen(["bash", "-c", f"{NPROC_VLLM} -s output_dir={out}"], cwd=tmp_path, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -400,9 +401,9 @@ def test_two_ranks_train_with_one_vllm_server(tmp_path):
     assert server_log.count("POST /collective_rpc") == 2 and server_log.count("POST /reset_prefix_cache") == 2, \
         server_log[-3000:]
     t0 = time.monotonic()
-    while _watchdogs() - before and time.monotonic() - t0 < 30:
+    while _watchdogs(tmp_path) and time.monotonic() - t0 < 30:
         time.sleep(0.2)
-    assert not _watchdogs() - before, "a vLLM server outlived its run"
+    assert not _watchdogs(tmp_path), "a vLLM server outlived its run"
 
 
 README_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm"
