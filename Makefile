@@ -48,8 +48,11 @@ compare: install
 	$(BIN)/python -m flows.training --control $(ARGS)
 
 # CI runs the vLLM tests against a real server: the test target builds its environment too.
+# TEST_WORKERS pytest-xdist workers (ARGS="-n 0": one process); tests/conftest.py keeps the tests
+# that must not overlap (vLLM servers, machine-wide process counts) on one worker.
+TEST_WORKERS ?= 2
 test: install vllm
-	$(BIN)/python -m pytest -q --durations=25 $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(ARGS)
 
 # docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
 docs: install

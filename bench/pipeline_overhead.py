@@ -13,7 +13,8 @@ Rows (each a fresh process, so imports and start-up are counted the same way for
 - ``DVC``: ``dvc repro`` in a scratch git repository with this project's ``dvc.yaml`` — five
   stage processes, tracked in MLflow.
 
-An untimed warm-up run comes first (DeepSpeed may build its C++ op in the first process). The
+An untimed warm-up run comes first (``--warmups``: the first process reads the code and libraries
+from disk, the later ones from the page cache). The
 best of ``--repeats`` is shown. ``overhead`` is the row's wall time minus ``core``'s; ``per RL it.`` divides it by the
 iterations (an upper bound: part of it is fixed start-up). The default pipeline's share is
 estimated as overhead / its wall time (``--default-wall-s``, measured by ``make run``).
@@ -97,6 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--warmups", type=int, default=1, help="untimed runs first (0: none, a smoke run)")
     ap.add_argument("--default-wall-s", type=float, default=None, help="make run's wall time, for the share column")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -110,8 +112,8 @@ def main() -> None:
             "DVC": (["dvc", "repro", "--no-run-cache", "-q"], ["mlruns"]),
         }
         walls: dict[str, list[float]] = {k: [] for k in rows}
-        # warm-up, not timed: the first process may build DeepSpeed's C++ op (tens of seconds)
-        timed(rows["core"][0], repo, env | {"PYTHONPATH": str(ROOT)}, ["outputs"])
+        for _ in range(args.warmups):  # not timed
+            timed(rows["core"][0], repo, env | {"PYTHONPATH": str(ROOT)}, ["outputs"])
         for _ in range(args.repeats):
             for name, (cmd, clean) in rows.items():
                 # a fresh pipeline output and MLflow store for every row

@@ -15,6 +15,37 @@ import torch
 
 from agent_r1.models import TinyModelConfig, build_tiny_model, train_tokenizer
 
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup). A file's tests stay
+# on one worker, in order (a module's fixture, e.g. its server, starts once); the files of a group
+# below share one worker too, because they must not overlap: vLLM servers (memory; tests that count
+# every server on the machine), mcp-server-time processes and the sandbox user's processes (counted
+# machine-wide by their tests).
+GROUPS = {
+    "vllm": ("test_vllm.py", "test_vllm_async.py", "test_vllm_url.py",
+             "test_bench.py::test_rollout_engines_hf_and_vllm", "test_bench.py::test_async_rollout"),
+    "mcp": ("test_mcp.py", "test_examples.py"),
+    "sandbox": ("test_sandbox.py", "test_code_task.py"),
+}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The worker group of a test: its group in ``GROUPS``, else its file."""
+    path, _, test = nodeid.partition("::")
+    name = f"{path.rsplit('/', 1)[-1]}::{test}"
+    return next((g for g, prefixes in GROUPS.items() if name.startswith(prefixes)), name.split("::")[0])
+
+
+def pytest_collection_modifyitems(items):
+    """Each test in its group; the groups with the most slow tests first (with --no-loadscope-reorder
+    the workers take the groups in this order: the longest start first), in file order within each."""
+    groups = [xdist_group(item.nodeid) for item in items]
+    slow = {g: 0 for g in groups}
+    for item, group in zip(items, groups):
+        item.add_marker(pytest.mark.xdist_group(group))
+        slow[group] += item.get_closest_marker("slow") is not None
+    items[:] = [item for _, _, item in sorted(zip((-slow[g] for g in groups), range(len(items)), items))]
+
+
 # Tiny matrices gain nothing from intra-op threads, and on a busy machine every op of a
 # multi-threaded torch waits for its threads to be scheduled (~10 ms per op instead of ~10 µs).
 torch.set_num_threads(1)

@@ -201,12 +201,18 @@ def _python_env(**extra: str) -> dict:
 
 @pytest.mark.slow
 def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, tmp_path):
-    """kill -9 after the first RL state is saved; the re-run continues the iterations and the
-    MLflow pipeline run, and finishes."""
-    iterations = 8
+    """`make run`'s command (python -m flows.training) killed with -9 during RL, at the default
+    pipeline's save cadence and iteration count (tiny sizes otherwise): the same command again
+    skips SFT, continues after the saved iteration into the same MLflow run, and finishes."""
+    from agent_r1.config import load_config
+
+    default = load_config("default", REPO / "pipelines.yaml")
+    iterations, every = default.rl.iterations, default.rl.checkpoint_every
+    assert every < iterations  # make run saves mid-RL
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "flows.training", "-p", "tiny", "--no-register"]
-    for o in tiny(out, f"rl.iterations={iterations}", "rl.checkpoint_every=1"):
+    for o in tiny(out, f"rl.iterations={iterations}", f"rl.checkpoint_every={every}",
+                  f"sft.checkpoint_every={default.sft.checkpoint_every}"):
         cmd += ["-s", o]
     env = _python_env(PREFECT_API_URL=harness, PREFECT_HOME=str(prefect_home),
                       MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
@@ -220,7 +226,7 @@ def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, t
         first.send_signal(signal.SIGKILL)
         first.wait()
     saved = json.loads(meta.read_text())["step"]
-    assert 1 <= saved < iterations
+    assert saved % every == 0 and every <= saved < iterations
     run_id = json.loads((out / "state" / "mlflow_run.json").read_text())["run_id"]
 
     second = subprocess.run(cmd, check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -228,7 +234,11 @@ def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, t
     log = second.stdout
     (tmp_path / "second.log").write_text(log)
     assert second.returncode == 0, log[-3000:]
-    assert "RL grpo: resuming after iteration" in log
+    assert "sft: " in log and "is up to date for this config; skipping" in log  # SFT not trained again
+    assert f"RL grpo: resuming after iteration {saved} of {iterations}" in log
+    # the re-run's RL tasks are the iterations after the saved one, none from 1
+    ran = {i for i in range(1, iterations + 1) if f"sample_episodes-grpo-{i}'" in log}
+    assert ran == set(range(saved + 1, iterations + 1)), (saved, sorted(ran))
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
     assert [h["iteration"] for h in history] == list(range(1, iterations + 1))
     tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)

@@ -1,10 +1,10 @@
 """VLLMEngine against a REAL vLLM server (``.venv-vllm``, ``make vllm``) on the tiny model: no fake.
 
 One server serves the whole module (a tiny model, started once by a stand-in trainer process
-that the last test SIGKILLs: the server must die with it); the pipeline test runs ``agent-r1
-train`` with its own server, crashes its engine core (HTTP 500) and later kills the server, and
-the run restarts it each time; the 2-rank test runs ``--nproc 2`` with one server; the README
-test runs the README's vLLM command word for word, with the config's defaults. Outside CI the module is skipped when ``.venv-vllm`` is
+that the last test SIGKILLs: the server must die with it); the pipeline test runs the README's vLLM
+command word for word, with the config's defaults and its own server, crashes the server's engine
+core (HTTP 500) and later kills the server, and the run restarts it each time; the 2-rank test runs
+``--nproc 2`` with one server. Outside CI the module is skipped when ``.venv-vllm`` is
 missing; under ``CI=true`` that is a failure.
 """
 
@@ -247,8 +247,7 @@ def _watchdog_of(parent: int) -> int | None:
 TRAIN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.checkpoint_every=1",
          "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=2", "eval.baselines=[]",
          "model.tiny.vocab_size=400", "model.tiny.num_layers=1", "model.tiny.hidden_size=64", "model.tiny.num_heads=2",
-         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",  # head size 32: what vLLM's CPU attention takes
-         "model.precision=fp32", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1", "rollout.vllm.max_model_len=1024"]
+         "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64"]  # head size 32: what vLLM's CPU attention takes
 
 
 def _step_saved(out: Path) -> int:
@@ -271,19 +270,23 @@ def _engine_core(pgid: int) -> int | None:
 
 
 @pytest.mark.timeout(1800)  # ~5 min on the 2-core machine; far longer when it is shared
-def test_train_with_vllm_restarts_a_failing_server_and_leaves_none(tmp_path):
-    """``agent-r1 train -s rollout.engine=vllm`` runs to eval.json through two server failures,
-    each restarted once and its batch retried: after the first iteration the engine core crashes
-    (SIGKILL; the server, kept alive by VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, answers HTTP 500),
-    after the second the whole server dies (connections refused). No server is left after the run."""
-    out = tmp_path / "out"
+def test_the_readme_vllm_command_restarts_a_failing_server_and_leaves_none(tmp_path):
+    """The README's `.venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm`, word for word, with
+    the config's defaults (model.precision auto, rollout.vllm.max_model_len derived, tracked in
+    MLflow), in a scratch folder whose `tiny` pipeline has test sizes (head size 32, as vLLM's CPU
+    attention needs), 3 RL iterations and no vLLM or precision key: it runs to eval.json through two
+    server failures, each restarted once and its batch retried: after the first iteration the engine
+    core crashes (SIGKILL; the server, kept alive by VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, answers HTTP
+    500), after the second the whole server dies (connections refused). No server is left after the run."""
+    assert [c.strip() for c in readme_vllm_commands()] == [README_VLLM, README_ASYNC]
+    _scratch_tiny(tmp_path, iterations=3)
+    out = tmp_path / "outputs" / "tiny"
     env = os.environ | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
                         "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
-    sets = [x for s in [f"output_dir={out}", *TRAIN, "rl.iterations=3"] for x in ("-s", s)]
-    cmd = [sys.executable, "-m", "agent_r1.cli", "train", "-p", "tiny", "--config", "pipelines.yaml", *sets, "--no-track"]
     servers = []
     with open(tmp_path / "train.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(["bash", "-c", f"exec {README_VLLM}"], cwd=tmp_path, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
         try:
             t0 = time.monotonic()
             for step in (1, 2):
@@ -307,7 +310,7 @@ def test_train_with_vllm_restarts_a_failing_server_and_leaves_none(tmp_path):
     assert proc.returncode == 0, text[-3000:]
     assert text.count("restarting it and retrying the batch") == 2 and "HTTP 500" in text, text[-3000:]
     assert servers[0] != servers[1]  # the first restart started a new server
-    assert (out / "metrics" / "eval.json").exists()
+    assert (out / "metrics" / "eval.json").exists() and (out / "vllm-server.log").exists()
     assert not any(_group(s) for s in servers) and _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
     assert len(history) == 3 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
@@ -323,7 +326,7 @@ def _scratch_tiny(folder: Path, iterations: int = 2) -> None:
     from agent_r1.dicts import deep_merge
     from tests.test_dvc import repo_pipeline
 
-    sizes = [s for s in TRAIN if not s.startswith(("model.precision", "rollout."))] + [f"rl.iterations={iterations}"]
+    sizes = TRAIN + [f"rl.iterations={iterations}"]
     tiny = deep_merge(repo_pipeline("tiny"), parse_overrides(sizes))
     assert "rollout" not in tiny and tiny["model"].get("precision", "auto") == "auto"
     (folder / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": {"tiny": tiny}}, sort_keys=False))
@@ -333,13 +336,15 @@ def _scratch_tiny(folder: Path, iterations: int = 2) -> None:
 NPROC_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm --nproc 2 -s rl.iterations=2 --no-track"
 
 
-def _watchdogs() -> set[int]:
-    """The pids of every vLLM server watchdog on the machine."""
+def _watchdogs(under: Path) -> set[int]:
+    """The pids of the vLLM server watchdogs whose log (their stdout) is under ``under``: a test's
+    own servers, whatever other servers run on the machine."""
     out = set()
     for p in Path("/proc").iterdir():
         try:
             cmdline = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
-            if b"lifetime.py\0--watch\0" in cmdline and b"vllm.entrypoints" in cmdline:
+            if b"lifetime.py\0--watch\0" in cmdline and b"vllm.entrypoints" in cmdline and \
+                    Path(os.readlink(p / "fd" / "1")).is_relative_to(under):
                 out.add(int(p.name))
         except OSError:
             pass
@@ -358,7 +363,6 @@ def test_two_ranks_train_with_one_vllm_server(tmp_path):
     out = tmp_path / "out"
     launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in launcher}
-    before = _watchdogs()
     with open(tmp_path / "train.log", "w") as log:
         proc = subprocess.Popen(["bash", "-c", f"{NPROC_VLLM} -s output_dir={out}"], cwd=tmp_path, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -378,9 +382,9 @@ def test_two_ranks_train_with_one_vllm_server(tmp_path):
     assert server_log.count("POST /collective_rpc") == 2 and server_log.count("POST /reset_prefix_cache") == 2, \
         server_log[-3000:]
     t0 = time.monotonic()
-    while _watchdogs() - before and time.monotonic() - t0 < 30:
+    while _watchdogs(tmp_path) and time.monotonic() - t0 < 30:
         time.sleep(0.2)
-    assert not _watchdogs() - before, "a vLLM server outlived its run"
+    assert not _watchdogs(tmp_path), "a vLLM server outlived its run"
 
 
 README_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm"
@@ -392,31 +396,6 @@ def readme_vllm_commands() -> list[str]:
     import re
 
     return re.findall(r"(\.venv/bin/agent-r1 [^`\n#]*rollout\.engine=vllm[^`\n#]*)", (ROOT / "README.md").read_text())
-
-
-@pytest.mark.timeout(1800)
-def test_the_readme_vllm_command_runs_as_written(tmp_path):
-    """The README's `.venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm`, word for word, with
-    the config's defaults (model.precision auto, rollout.vllm.max_model_len derived, tracked in
-    MLflow), in a scratch folder whose `tiny` pipeline has test sizes (head size 32, as vLLM's CPU
-    attention needs) and no vLLM or precision key: it runs to eval.json and leaves no server."""
-    assert [c.strip() for c in readme_vllm_commands()] == [README_VLLM, README_ASYNC]
-    _scratch_tiny(tmp_path)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    with open(tmp_path / "train.log", "w") as log:
-        proc = subprocess.Popen(["bash", "-c", README_VLLM], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            proc.wait(timeout=1700)
-        finally:
-            proc.kill()
-            proc.wait()
-    text = (tmp_path / "train.log").read_text()
-    assert proc.returncode == 0, text[-3000:]
-    out = tmp_path / "outputs" / "tiny"
-    assert (out / "metrics" / "eval.json").exists() and (out / "vllm-server.log").exists()
-    assert _watchdog_of(proc.pid) is None, "a vLLM server outlived its run"
-    history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
-    assert len(history) == 2 and all(h["rollout/logprob_gap"] < 1e-3 for h in history), history
 
 
 def test_config_rejects_a_server_context_shorter_than_the_episodes():
