@@ -54,7 +54,8 @@ ELSEWHERE = {
 
 def bench(script: str, args: list[str], cwd: Path = ROOT, timeout: float = 300) -> str:
     """Run ``bench/<script> args`` with ``.venv``'s Python; its stdout."""
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}  # a busy machine (default 20 s)
     r = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=timeout)
     out = r.stdout + r.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent_r1.tools import run_tool
+from tests.procs import live
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "city_facts"
@@ -169,15 +170,7 @@ def test_an_environment_and_a_tool_from_a_temp_module_train_end_to_end(tmp_path)
 
 def _mcp_time_servers() -> set[int]:
     """The live processes of mcp-server-time (the server, or the watchdog that runs it)."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and "mcp-server-time" in (proc / "cmdline").read_text() and \
-                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                found.add(int(proc.name))
-        except OSError:  # it ended meanwhile
-            continue
-    return found
+    return set(live(lambda p: b"mcp-server-time" in p.cmdline))
 
 
 def test_mcp_tools_oracle_agrees_with_the_server(tmp_path):

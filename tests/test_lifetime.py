@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from agent_r1 import lifetime
+from tests.procs import children_of, group, group_ends, live, until, watchdogs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(ROOT / "tests" / "mcp_servers" / "demo_server.py")
@@ -33,56 +33,6 @@ class Health(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
 """
-
-
-def _stat(pid: int | str) -> list[str]:
-    """The fields of /proc/PID/stat after the command name: [state, ppid, pgrp, ...]."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2:].split()
-
-
-def group(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of process group `pgid`."""
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            fields = _stat(p.name) if p.name.isdigit() else None
-            if fields and int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(p.name))
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def group_ends(pgid: int, timeout_s: float = 30) -> bool:
-    """Whether process group `pgid` is gone within `timeout_s` (a server's, after its owner died)."""
-    deadline = time.monotonic() + timeout_s
-    while group(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not group(pgid)
-
-
-def watchdogs_of(parent: int) -> set[int]:
-    """The pids of the watchdogs (lifetime.py --watch) that `parent` started."""
-    out = set()
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and f"lifetime.py\0--watch\0{parent}\0".encode() in (p / "cmdline").read_bytes():
-                out.add(int(p.name))
-        except OSError:
-            pass
-    return out
-
-
-def children_of(parent: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and int(_stat(p.name)[1]) == parent:
-                out.append(int(p.name))
-        except (OSError, ValueError):
-            pass
-    return out
 
 
 TRAINER = """
@@ -144,10 +94,7 @@ def test_a_sigkilled_watchdog_takes_its_command_with_it():
         [command] = children_of(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{command}").exists() and _stat(command)[0] != "Z" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(f"/proc/{command}").exists() or _stat(command)[0] == "Z", "the command outlived its watchdog"
+        assert until(lambda: not live(lambda p: p.pid == command)), "the command outlived its watchdog"
     finally:
         lifetime.stop(proc, grace_s=0)
 

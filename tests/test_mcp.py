@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ from agent_r1.envs import ToolEnv
 from agent_r1.ports import free_port
 from agent_r1.tools import MCPConfigError, Tool, build_tools, close_servers, mcp_tools, run_tool
 from agent_r1.tools import mcp as mcp_module
-from tests.test_lifetime import children_of, watchdogs_of
+from tests.procs import children_of, live, until, watchdogs_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = str(Path(__file__).resolve().parent / "mcp_servers" / "demo_server.py")
@@ -32,33 +31,17 @@ HOSTILE = str(Path(__file__).resolve().parent / "mcp_servers" / "hostile_server.
 
 
 def _processes(marker: str) -> list[int]:
-    """Live (not zombie) processes with `marker` in their command line or environment."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "cmdline").read_text() + (proc / "environ").read_text() and \
-                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                found.append(int(proc.name))
-        except OSError:  # it ended meanwhile
-            continue
-    return found
-
-
-def _until(condition, within_s: float = 30.0) -> bool:
-    """Whether `condition()` holds within `within_s` (polled)."""
-    deadline = time.monotonic() + within_s
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return condition()
+    """Live processes with `marker` in their command line or environment."""
+    return live(lambda p: marker.encode() in p.cmdline + p.environ)
 
 
 def _gone(marker: str, within_s: float = 30.0) -> bool:
-    return _until(lambda: not _processes(marker), within_s)
+    return until(lambda: not _processes(marker), within_s)
 
 
 def _hanging(tools: dict, key: str, n: int) -> bool:
     """Whether the server is in `n` `hang` calls with `key` (within a deadline)."""
-    return _until(lambda: run_tool(tools["waiting"], {"key": key}).text == str(n))
+    return until(lambda: run_tool(tools["waiting"], {"key": key}).text == str(n))
 
 
 def _http_server(marker: str) -> tuple[subprocess.Popen, str]:
@@ -303,8 +286,8 @@ def test_the_server_dies_with_a_sigkilled_watchdog(marker):
     server = int(run_tool(tools["whoami"], {}).text)
     [watchdog] = [w for w in watchdogs_of(os.getpid()) if server in children_of(w)]
     os.kill(watchdog, signal.SIGKILL)
-    assert _until(lambda: server not in _processes(marker)), "the server outlived its SIGKILLed watchdog"
-    assert _until(lambda: run_tool(tools["add"], {"a": 1, "b": 1}).text == "2")  # restarted
+    assert until(lambda: server not in _processes(marker)), "the server outlived its SIGKILLed watchdog"
+    assert until(lambda: run_tool(tools["add"], {"a": 1, "b": 1}).text == "2")  # restarted
 
 
 def test_a_hostile_server_gives_tool_errors_and_the_episode_goes_on(marker):
@@ -330,7 +313,7 @@ def test_a_hostile_server_gives_tool_errors_and_the_episode_goes_on(marker):
 
     env = ToolEnv(list(tools.values()), max_turns=3)
     env.reset({"id": "t", "question": "?", "answers": ["x"]})
-    flood = env.step(f'<tool_call>{{"name": "flood", "arguments": {{}}}}</tool_call>')
+    flood = env.step('<tool_call>{"name": "flood", "arguments": {}}</tool_call>')
     assert not flood.done and flood.info.tool_errors == 1
     assert flood.info.errors == [f"tool 'flood' raised MCPToolError: the mcp server `{sys.executable} {HOSTILE} "
                                  f"{marker}` was lost during the call (its last stderr line: agent-r1 watchdog: the "

@@ -34,6 +34,7 @@ from agent_r1.tools.python import (
     own_cgroup,
     python_tool,
 )
+from tests.procs import live
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_NAME = "AGENT_R1_TEST_SECRET"
@@ -101,17 +102,7 @@ def run(code: str, **settings):
 
 def _processes(uid: int | None = None, marker: str | None = None) -> list[int]:
     """Pids of live processes owned by `uid` or with `marker` in their command line."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:  # it exited meanwhile
-            continue
-        owner = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
-        if "State:\tZ" not in status and (owner == uid or (marker is not None and marker in cmdline)):
-            found.append(int(entry))
-    return found
+    return live(lambda p: p.uid == uid or (marker is not None and marker.encode() in p.cmdline))
 
 
 # --- the observation --------------------------------------------------------------------------

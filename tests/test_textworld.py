@@ -26,7 +26,7 @@ from agent_r1.envs.text_game import GameEngine, GameEngineError, clean_feedback,
 from agent_r1.models import train_tokenizer  # noqa: E402
 from agent_r1.rollout import SamplingParams, ScriptedEngine, play_policy, run_episodes  # noqa: E402
 from agent_r1.trajectory import to_sequences  # noqa: E402
-from tests.test_lifetime import group, group_ends  # noqa: E402
+from tests.procs import group, group_ends  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from agent_r1.learner import save_hf_checkpoint, token_logprobs
 from agent_r1.models import TinyModelConfig, build_tiny_model
 from agent_r1.rollout import HFEngine, SamplingParams
 from agent_r1.rollout.vllm_server import DEFAULT_PYTHON, ROOT, VLLMServer, post
-from tests.test_lifetime import group as _group, group_ends as _group_ends
+from tests.procs import group as _group, group_ends as _group_ends, live, watchdogs_of
 
 pytestmark = pytest.mark.slow
 
@@ -234,14 +234,7 @@ def test_server_dies_with_its_owner(served):
 
 def _watchdog_of(parent: int) -> int | None:
     """The pid of the server watchdog (the leader of the server's process group) started by ``parent``."""
-    for p in Path("/proc").iterdir():
-        try:
-            cmdline = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
-            if f"lifetime.py\0--watch\0{parent}\0".encode() in cmdline and b"vllm.entrypoints" in cmdline:
-                return int(p.name)
-        except OSError:
-            pass
-    return None
+    return next(iter(watchdogs_of(parent, b"vllm.entrypoints")), None)
 
 
 TRAIN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.checkpoint_every=1",
@@ -339,16 +332,8 @@ NPROC_VLLM = ".venv/bin/agent-r1 train -p tiny -s rollout.engine=vllm --nproc 2 
 def _watchdogs(under: Path) -> set[int]:
     """The pids of the vLLM server watchdogs whose log (their stdout) is under ``under``: a test's
     own servers, whatever other servers run on the machine."""
-    out = set()
-    for p in Path("/proc").iterdir():
-        try:
-            cmdline = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
-            if b"lifetime.py\0--watch\0" in cmdline and b"vllm.entrypoints" in cmdline and \
-                    Path(os.readlink(p / "fd" / "1")).is_relative_to(under):
-                out.add(int(p.name))
-        except OSError:
-            pass
-    return out
+    return set(live(lambda p: b"lifetime.py\0--watch\0" in p.cmdline and b"vllm.entrypoints" in p.cmdline
+                    and p.stdout.is_relative_to(under)))
 
 
 @pytest.mark.timeout(1800)

@@ -380,8 +380,8 @@ def _reason(returncode: int, timed_out: bool, stderr: str) -> tuple[str, str | N
         except ValueError:
             name = f"signal {returncode - 128}"
         return ("CPU limit" if name == "SIGXCPU" else "killed"), name
-    lines = stderr.rstrip().rsplit("\n", 1)
-    if returncode != 0 and lines[-1].startswith("MemoryError"):
+    # any line: the processes of one call write to one stderr, so another's traceback may come last
+    if returncode != 0 and any(line.startswith("MemoryError") for line in stderr.splitlines()):
         return "out of memory", None
     return "finished", None
 
