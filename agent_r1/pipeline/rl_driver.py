@@ -285,9 +285,9 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     if cfg.algorithm == RFT:
         stats["rft/kept_fraction"] = sum(rft_kept(t, cfg) for t in trajs) / len(trajs)
     if trainer.curve_due():  # logged at step = episodes seen; the history keeps the held-out reward for health
-        stats[health.HELDOUT_REWARD] = trainer.heldout_point(stats["time/iteration_s"]).get("reward")
-        if stats[health.HELDOUT_REWARD] is None:
-            del stats[health.HELDOUT_REWARD]
+        point = trainer.heldout_point(stats["time/iteration_s"])
+        if "reward" in point:
+            stats[health.HELDOUT_REWARD] = point["reward"]
     stats = health.watch(trainer.history, stats, trajs, trainer.health, trainer.log)
     trainer.history.append(stats)
     trainer.log.metrics({k: v for k, v in stats.items() if k != health.HELDOUT_REWARD}, it)
