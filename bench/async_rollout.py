@@ -8,7 +8,9 @@
 The data and the SFT checkpoint are made once (``agent-r1 stage prepare`` and ``stage sft``, or
 ``--init-from`` a checkpoint); then
 each row is ``agent-r1 stage train -s rollout.engine=vllm -s rl.max_staleness=η`` from that
-checkpoint, with the same tasks, seeds and number of episodes, and its vLLM server. From
+checkpoint, with the same tasks, seeds and number of episodes. The rows share one vLLM server, started
+once with the options a row's run would start its own with (``rollout.vllm.url``: each run syncs its start
+weights into it first, which also empties its prefix cache). From
 ``metrics/train/grpo.json``: the mean wall time of an iteration after the first (the first has
 nothing to overlap with), the total RL time, the share of it the learner waited for rollouts, the
 largest staleness, and the
@@ -53,6 +55,24 @@ def stage(name: str, pipeline: str, out: Path, settings: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def shared_server(pipeline: str, out: Path, settings: list[str]):
+    """The VLLMServer (not started yet) of every row, as a row's run would start its own: from the untied
+    copy of RL's start model, with that run's options (a server's start is outside the measured time)."""
+    from transformers import AutoConfig
+
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.pipeline.rl_driver import _start_path, vllm_server_args
+    from agent_r1.rollout.vllm_engine import served_model
+    from agent_r1.rollout.vllm_server import VLLMServer
+
+    cfg = load_config(pipeline, ROOT / "pipelines.yaml", parse_overrides([f"output_dir={out}", *settings]))
+    vc = cfg.rollout.vllm
+    folder = served_model(_start_path(cfg), out / "served")
+    return VLLMServer(folder, python=ROOT / vc.python, args=vllm_server_args(cfg, AutoConfig.from_pretrained(folder)),
+                      env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"}, startup_timeout_s=vc.startup_timeout_s,
+                      log_path=out / "vllm-server.log")
+
+
 def row(pipeline: str, out: Path, settings: list[str], eta: int) -> dict:
     wall = stage("train", pipeline, out, settings + [f"rl.max_staleness={eta}"])
     history = json.loads((out / "metrics" / "train" / "grpo.json").read_text())
@@ -91,10 +111,11 @@ def main() -> None:
         out = Path(tmp) / "out"
         for name in ("prepare",) if a.init_from else ("prepare", "sft"):
             print(f"stage {name}: {stage(name, a.pipeline, out, base):.0f} s", flush=True)
-        for eta in a.etas:
-            rows[eta] = row(a.pipeline, out, base + rl, eta)
-            print(f"eta {eta}: {rows[eta]['iteration_s']:.2f} s/iteration, rewards "
-                  f"{' '.join(f'{r:.3f}' for r in rows[eta]['reward'])}", flush=True)
+        with shared_server(a.pipeline, out, base + rl) as server:
+            for eta in a.etas:
+                rows[eta] = row(a.pipeline, out, base + rl + [f"rollout.vllm.url={server.url}"], eta)
+                print(f"eta {eta}: {rows[eta]['iteration_s']:.2f} s/iteration, rewards "
+                      f"{' '.join(f'{r:.3f}' for r in rows[eta]['reward'])}", flush=True)
     print(f"{'eta':>3}  {'s/iteration':>11}  {'RL s':>7}  {'waiting share':>13}  {'max staleness':>13}  "
           f"{'mean reward':>11}  {'last reward':>11}")
     for eta, r in rows.items():

@@ -8,6 +8,7 @@ and reused by every later one.
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -45,6 +46,12 @@ def pytest_collection_modifyitems(items):
         slow[group] += item.get_closest_marker("slow") is not None
     items[:] = [item for _, _, item in sorted(zip((-slow[g] for g in groups), range(len(items)), items))]
 
+
+# The tests' vLLM servers (every one inherits this environment) run their model in the engine core process
+# instead of a third process: on a CPU, vLLM then keeps its single-process executor (uni), and a server
+# starts on ~20% less CPU (measured: 31 s -> 25 s; each process imports torch and vLLM anew). The servers' contract is unchanged:
+# the API server, the engine core (VLLM::EngineCore) and the watchdog over their process group.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # Tiny matrices gain nothing from intra-op threads, and on a busy machine every op of a
 # multi-threaded torch waits for its threads to be scheduled (~10 ms per op instead of ~10 µs).
