@@ -47,10 +47,10 @@ def pytest_collection_modifyitems(items):
     items[:] = [item for _, _, item in sorted(zip((-slow[g] for g in groups), range(len(items)), items))]
 
 
-# The tests' vLLM servers (every one inherits this environment) run their model in the engine core process
-# instead of a third process: on a CPU, vLLM then keeps its single-process executor (uni), and a server
-# starts on ~20% less CPU (measured: 31 s -> 25 s; each process imports torch and vLLM anew). The servers' contract is unchanged:
-# the API server, the engine core (VLLM::EngineCore) and the watchdog over their process group.
+# The tests' vLLM servers (every one inherits this environment) run their model in the engine core
+# process instead of a third process: on a CPU, vLLM then keeps its single-process executor (uni), and a
+# server starts on ~20% less CPU (measured: 31 s -> 25 s; each process imports torch and vLLM anew). The
+# servers' contract is unchanged: the API server, the engine core (VLLM::EngineCore), the watchdog.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # Tiny matrices gain nothing from intra-op threads, and on a busy machine every op of a
