@@ -113,19 +113,6 @@ def one_rank(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.slow
-def test_two_ranks_train_what_one_rank_trains(one_rank, tmp_path):
-    t0 = time.perf_counter()
-    _wait(_train(tmp_path, 2), tmp_path)
-    _assert_same_run(tmp_path, one_rank)
-    _assert_one_record(tmp_path)
-    files = lambda r: sorted(str(p.relative_to(r / "out")) for p in (r / "out").rglob("*") if p.is_file())
-    assert files(tmp_path) == files(one_rank)
-    log = (tmp_path / "log.txt").read_text()
-    assert log.count("held-out evaluation (tiny)") == 1 and log.count("registered agent-r1 v1") == 1  # rank 0 reports
-    print(f"2 ranks: {time.perf_counter() - t0:.0f} s")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,10 +184,12 @@ def _rank_process(proc: subprocess.Popen, rank: int, timeout: float = 120):
 
 
 @pytest.mark.slow
-def test_a_killed_rank_stops_the_run_and_the_same_command_resumes_it(one_rank, tmp_path):
-    """SIGKILL to rank 1 once the first RL state is saved: torchrun stops rank 0 and exits with an
-    error (no rank waits for a dead peer); the same command resumes from the saved state, on 2
-    ranks, into the same MLflow run, and ends where the uninterrupted run ends."""
+def test_two_ranks_train_what_one_rank_trains_through_a_killed_rank_and_a_resume(one_rank, tmp_path):
+    """Two ranks on one node (``--nproc 2``), with SIGKILL to rank 1 once the first RL state is
+    saved: torchrun stops rank 0 and exits with an error (no rank waits for a dead peer); the same
+    command resumes from the saved state, on 2 ranks, into the same MLflow run, and ends where one
+    rank's uninterrupted run ends: the same metrics, weights and files, rank 0 alone reporting.
+    (One run of two ranks covers both: SFT and iteration 1 before the kill, iteration 2 after.)"""
     pytest.importorskip("psutil")
     t0 = time.perf_counter()
     meta = tmp_path / "out" / "state" / "rl_grpo" / "meta.json"
@@ -221,6 +210,9 @@ def test_a_killed_rank_stops_the_run_and_the_same_command_resumes_it(one_rank, t
     assert "RL grpo: resuming after iteration 1" in log and "sft: " in log
     _assert_same_run(tmp_path, one_rank)
     _assert_one_record(tmp_path)
+    files = lambda r: sorted(str(p.relative_to(r / "out")) for p in (r / "out").rglob("*") if p.is_file())
+    assert files(tmp_path) == files(one_rank)
+    assert log.count("held-out evaluation (tiny)") == 1 and log.count("registered agent-r1 v1") == 1  # rank 0 reports
     from agent_r1.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", project_dir=tmp_path)

@@ -1,7 +1,9 @@
 """The Prefect flows with real Prefect and real MLflow (SQLite in a temp folder), tiny sizes.
 
-One embedded Prefect server (``prefect_test_harness``) serves the whole module; the deployment
-test starts its own ``prefect server`` and ``python -m flows.deploy`` as subprocesses. Nothing
+One Prefect server (``prefect_test_harness``, a subprocess) serves the whole module: the flows run
+in this process, the kill test's ``python -m flows.training``, and the deployment tests'
+``python -m flows.deploy`` and process-pool worker (``prefect server start`` itself is checked by
+tests/test_infra.py's infra/local.sh test). Nothing
 here imports Prefect at collection time: ``PREFECT_HOME`` must point at a temp folder first.
 """
 
@@ -11,11 +13,9 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -249,26 +249,6 @@ def test_killed_training_flow_resumes_into_the_same_run(harness, prefect_home, t
     assert {s for s, _ in tracker.metric_history(train_run, "reward_mean")} == set(range(1, iterations + 1))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "prefect server exited"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"no Prefect server at {url} after {timeout} s")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """End a process this test started, and its children (it leads its own process group)."""
     if proc.poll() is None:
@@ -281,68 +261,52 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def _prefect_server(tmp_path: Path, log: str, **settings: str):
-    """A real `prefect server` on a free loopback port, healthy. Yields the environment that points
-    a process at it (its API, a Prefect home and MLflow under ``tmp_path``, ``settings``), the open
-    log files ("server" and ``log``), and ``started(proc)``, which registers a process the test
-    starts; at the end those processes and the server are stopped and the logs closed."""
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
+def _served_by(api: str, tmp_path: Path, log: str, **settings: str):
+    """The environment that points a process at the Prefect server ``api`` (a Prefect home and
+    MLflow under ``tmp_path``, ``settings``), the open log file ``log``, and ``started(proc)``, which
+    registers a process the test starts; at the end those processes are stopped and the log closed."""
     env = _python_env(PREFECT_HOME=str(tmp_path / "prefect_home"), PREFECT_API_URL=api, PREFECT_UI_ENABLED="false",
                       MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db", **settings)
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", log)}
-    procs = [subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=tmp_path, env=env, stdout=logs["server"], stderr=subprocess.STDOUT,
-                              start_new_session=True)]
+    procs = []
 
     def started(proc: subprocess.Popen) -> subprocess.Popen:
         procs.append(proc)
         return proc
 
-    try:
-        _wait_healthy(api, procs[0], timeout=180)
-        yield env, logs, started
-    finally:
-        from prefect.events.worker import EventsWorker
-
-        # events this process sent to this server (a flow run in-process) go while it is up; left
-        # queued, the module harness's teardown would drain them against a closed port (a likely
-        # cause of one 65 s teardown seen in a full run here, not reproduced alone)
-        EventsWorker.drain_all(timeout=30)
-        for proc in reversed(procs):
-            _stop(proc)
-        for f in logs.values():
-            f.close()
+    with open(tmp_path / f"{log}.log", "w") as logfile:
+        try:
+            yield env, logfile, started
+        finally:
+            for proc in reversed(procs):
+                _stop(proc)
 
 
 @pytest.mark.slow
-def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
-    """A real `prefect server`, `python -m flows.deploy` against it, a run triggered through
-    the API (as the UI does) that completes: retraining on an empty registry (SFT, RL, register)."""
+def test_served_deployments_run_from_the_api(harness, tmp_path):
+    """`python -m flows.deploy` against the module's Prefect server, a run triggered through the
+    API (as the UI does) that completes: retraining on an empty registry (SFT, RL, register)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     # the served process picks up new runs within 1 s
-    with _prefect_server(tmp_path, "serve", PREFECT_RUNNER_POLL_FREQUENCY="1") as (env, logs, started):
+    with _served_by(harness, tmp_path, "serve", PREFECT_RUNNER_POLL_FREQUENCY="1") as (env, log, started):
         served = started(subprocess.Popen([sys.executable, "-m", "flows.deploy", "--cron", "0 4 * * 0"], cwd=REPO,
-                                          env=env, stdout=logs["serve"], stderr=subprocess.STDOUT, start_new_session=True))
-        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            client = get_client(sync_client=True)
-            deadline = time.monotonic() + 180
-            while True:
-                assert served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                names = {d.name for d in client.read_deployments()}
-                if names >= {"training", "evaluation", "retraining"}:
-                    break
-                assert time.monotonic() < deadline, names
-                time.sleep(1)
-            retraining = client.read_deployment_by_name("retraining/retraining")
-            assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
-            overrides = tiny(tmp_path / "out", "rl.iterations=2")
-            run = run_deployment("retraining/retraining", parameters={"params": {"pipeline": "tiny", "overrides": overrides}},
-                                 timeout=400, poll_interval=1)
-            assert run.state.is_completed(), (tmp_path / "serve.log").read_text()[-3000:]
+                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        client = get_client(sync_client=True)
+        deadline = time.monotonic() + 180
+        while True:
+            assert served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            names = {d.name for d in client.read_deployments()}
+            if names >= {"training", "evaluation", "retraining"}:
+                break
+            assert time.monotonic() < deadline, names
+            time.sleep(1)
+        retraining = client.read_deployment_by_name("retraining/retraining")
+        assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
+        overrides = tiny(tmp_path / "out", "rl.iterations=1")
+        run = run_deployment("retraining/retraining", parameters={"params": {"pipeline": "tiny", "overrides": overrides}},
+                             timeout=400, poll_interval=1)
+        assert run.state.is_completed(), (tmp_path / "serve.log").read_text()[-3000:]
         tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
         champion = tracker.alias_version("agent-r1", "champion")
         assert champion is not None and champion["version"] == "1"
@@ -350,37 +314,36 @@ def test_served_deployments_run_from_the_api(prefect_home, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(prefect_home, tmp_path):
-    """A real `prefect server`, a process work pool and a worker of it (limit 1), the deployments
-    registered with the pool (`python -m flows.deploy --pool`, retraining on its cron), and the
+def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(harness, tmp_path):
+    """The module's Prefect server, a process work pool and a worker of it (limit 1), the deployments
+    registered with the pool (`python -m flows.deploy --pool`, retraining on its cron: the same
+    deployments the test before served, now the pool's, their schedule replaced), and the
     dispatch flow starting the training deployment with run_deployment: the worker runs the tiny
     pipeline to the end, and MLflow holds its run and the registered agent."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.dispatch import dispatch_flow
 
     pool = "agent-r1-test"
-    with _prefect_server(tmp_path, "worker", PREFECT_WORKER_QUERY_SECONDS="1") as (env, logs, started):
+    with _served_by(harness, tmp_path, "worker", PREFECT_WORKER_QUERY_SECONDS="1") as (env, log, started):
         run = lambda *cmd, cwd=tmp_path: subprocess.run([sys.executable, "-m", *cmd], cwd=cwd, env=env, text=True,
                                                          capture_output=True, timeout=300)
         created = run("prefect", "work-pool", "create", pool, "--type", "process")
         assert created.returncode == 0, created.stdout + created.stderr
-        deployed = run("flows.deploy", "--pool", pool, "--cron", "0 4 * * 0", cwd=REPO)
+        deployed = run("flows.deploy", "--pool", pool, "--cron", "0 5 * * 0", cwd=REPO)
         assert deployed.returncode == 0 and "registered 3 deployments" in deployed.stdout, deployed.stdout + deployed.stderr
         worker = started(subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
-                                          cwd=tmp_path, env=env, stdout=logs["worker"], stderr=subprocess.STDOUT,
+                                          cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
-        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
-            client = get_client(sync_client=True)
-            training = client.read_deployment_by_name("training/training")
-            assert training.work_pool_name == pool and training.job_variables == {"working_dir": str(REPO)}
-            retraining = client.read_deployment_by_name("retraining/retraining")
-            assert [s.schedule.cron for s in retraining.schedules] == ["0 4 * * 0"]
-            result = dispatch_flow("training/training", {"pipeline": "tiny", "overrides": tiny(tmp_path / "out", "rl.iterations=1")},
-                                   timeout_s=500, poll_interval_s=1)
-            flow_run = client.read_flow_run(result["flow_run_id"])
-            assert flow_run.state.is_completed() and flow_run.work_pool_name == pool, (tmp_path / "worker.log").read_text()[-3000:]
+        client = get_client(sync_client=True)
+        training = client.read_deployment_by_name("training/training")
+        assert training.work_pool_name == pool and training.job_variables == {"working_dir": str(REPO)}
+        retraining = client.read_deployment_by_name("retraining/retraining")
+        assert [s.schedule.cron for s in retraining.schedules] == ["0 5 * * 0"]
+        result = dispatch_flow("training/training", {"pipeline": "tiny", "overrides": tiny(tmp_path / "out", "rl.iterations=1")},
+                               timeout_s=500, poll_interval_s=1)
+        flow_run = client.read_flow_run(result["flow_run_id"])
+        assert flow_run.state.is_completed() and flow_run.work_pool_name == pool, (tmp_path / "worker.log").read_text()[-3000:]
         assert worker.poll() is None  # the worker ran it (as a subprocess) and is still polling
         tracker = Tracker(uri=env["MLFLOW_TRACKING_URI"], project_dir=tmp_path)
         pipeline_runs = tracker.client.search_runs([tracker.experiment_id], "attributes.run_name = 'tiny'")
