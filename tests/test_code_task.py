@@ -132,26 +132,6 @@ def test_episodes_call_thread_safe_tools_side_by_side(thread_safe, tmp_path):
     assert len(calls) == 6 and (overlaps > 0 if thread_safe else overlaps == 0)
 
 
-@pytest.mark.slow
-def test_the_code_tiny_pipeline_trains_and_evaluates_with_the_sandboxed_tool(tmp_path):
-    """`agent-r1 train -p code-tiny` (the `code` pipeline on the tiny model): every stage, the
-    python tool sandboxed, the no_tool and base_tool_call baselines beside SFT and GRPO. The plumbing,
-    not the learning: one SFT epoch and 6 test problems (the pipeline's 3 epochs and 30 problems
-    took 80% of the test's time)."""
-    import json
-
-    out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "code-tiny", "--no-track",
-                          "-s", f"output_dir={tmp_path}", "-s", "sft.epochs=1.0", "-s", "eval.max_per_hop=6"],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    test = json.loads((tmp_path / "metrics" / "eval.json").read_text())["test"]
-    assert set(test) == {"no_tool", "base_tool_call", "sft", "grpo"}
-    assert test["no_tool"]["turns"] == 1.0 and test["no_tool"]["tool_calls"] == 0.0
-    assert all(0.0 <= m["em"] <= 1.0 and "code_runs" in m for m in test.values())
-    history = json.loads((tmp_path / "metrics" / "train" / "grpo.json").read_text())
-    assert len(history) == 2 and "code_failures" in history[0]
-
-
 def test_the_sandbox_bench_runs(tmp_path):
     """bench/sandbox.py at its smallest (its numbers are for the README, not asserted)."""
     from pathlib import Path

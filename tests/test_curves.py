@@ -96,14 +96,17 @@ def test_evaluating_a_split_the_data_lacks_is_one_clear_error_and_a_curve_on_it_
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # code-tiny's stages, twice RL, the curves: a few minutes on a free 2-core machine
 def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_path):
-    """`agent-r1 train -p code-tiny -s eval.every=1` (with rft beside grpo): a held-out point per
-    iteration 0..N of each method in MLflow, at step = episodes seen; the figure; the curve rows."""
+    """`agent-r1 train -p code-tiny -s eval.every=1` (with rft beside grpo): every stage of the `code`
+    pipeline on the tiny model, the python tool sandboxed, the no_tool and base_tool_call baselines
+    beside SFT and the RL methods; a held-out point per iteration 0..N of each method in MLflow, at
+    step = episodes seen; the figure; the curve rows."""
     from mlflow.tracking import MlflowClient
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "code-tiny", "--config",
                           str(ROOT / "pipelines.yaml"), "-s", "eval.every=1", "-s", "methods=[grpo, rft]",
-                          "-s", "eval.curve_size=6", "-s", f"output_dir={tmp_path / 'out'}"],
+                          "-s", "eval.curve_size=6", "-s", "sft.epochs=1.0", "-s", "eval.max_per_hop=6",
+                          "-s", f"output_dir={tmp_path / 'out'}"],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
@@ -117,6 +120,12 @@ def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_
         assert len(client.get_metric_history(run_id, "heldout/wall_s")) == iterations + 1
         points = json.loads((tmp_path / "out" / "metrics" / "heldout" / f"{method}.json").read_text())
         assert [p["iteration"] for p in points] == [0, 1, 2]
+    test = json.loads((tmp_path / "out" / "metrics" / "eval.json").read_text())["test"]
+    assert set(test) == {"no_tool", "base_tool_call", "sft", "grpo", "rft"}
+    assert test["no_tool"]["turns"] == 1.0 and test["no_tool"]["tool_calls"] == 0.0
+    assert all(0.0 <= m["em"] <= 1.0 and "code_runs" in m for m in test.values())
+    history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())
+    assert len(history) == 2 and "code_failures" in history[0]
     history = json.loads((tmp_path / "out" / "metrics" / "train" / "rft.json").read_text())
     assert all(0.0 <= h["rft/kept_fraction"] <= 1.0 for h in history)
     assert (tmp_path / "out" / "metrics" / "curves.png").stat().st_size > 0

@@ -1,5 +1,5 @@
 import json
-import time
+import threading
 
 import pandas as pd
 import pytest
@@ -37,6 +37,8 @@ def call(name, **arguments):
 
 
 def test_malformed_turns_never_crash_the_episode(search):
+    release, hang_ended = threading.Event(), threading.Event()
+
     @tool(name="search", timeout_s=0.2, max_output_chars=40)
     def flaky_search(query: str) -> ToolOutput:
         """Search, except that "boom" raises and "hang" hangs.
@@ -46,8 +48,9 @@ def test_malformed_turns_never_crash_the_episode(search):
         """
         if query == "boom":
             raise RuntimeError("index offline")
-        if query == "hang":
-            time.sleep(3)
+        if query == "hang":  # until the test releases it: the step must not wait for it
+            release.wait(60)
+            hang_ended.set()
         return search.fn(query)
 
     env = MultiHopQAEnv(flaky_search, max_turns=10, retrieval_bonus=0.5, format_penalty=-0.1)
@@ -61,14 +64,14 @@ def test_malformed_turns_never_crash_the_episode(search):
         (call("search", query="Mona Lisa portrait"), "(1) Mona Lisa: A portrait by Leonardo"),
     ]
     rewards = []
-    start = time.perf_counter()
     for text, expected in turns:
         res = env.step(text)
         assert not res.done
         assert len(res.observation) == 1 and res.observation[0]["role"] == "tool"
         assert res.observation[0]["content"].startswith(expected)
         rewards.append(res.reward)
-    assert time.perf_counter() - start < 2.0
+    assert not hang_ended.is_set()  # the hanging call's step returned at its timeout
+    release.set()
     assert res.info.truncated == 1 and res.observation[0]["content"].endswith("chars]")
     assert rewards == [-0.1, -0.1, -0.1, 0.0, 0.0, 0.5]
 
@@ -294,7 +297,6 @@ def test_seeded_fuzz_of_hostile_turns_never_escapes_step_and_is_counted_exactly(
     env.reset(TASK)
     expected = dict.fromkeys(("turns", "tool_calls", "format_errors", "tool_errors"), 0)
     episodes = 0
-    start = time.perf_counter()
     for _ in range(10_000):
         text, format_error, ran, tool_errors, answers = _hostile_turn(rng)
         res = env.step(text)  # must not raise
@@ -312,7 +314,6 @@ def test_seeded_fuzz_of_hostile_turns_never_escapes_step_and_is_counted_exactly(
             env.reset(TASK)
             expected = dict.fromkeys(expected, 0)
     assert episodes > 1000
-    assert time.perf_counter() - start < 30  # a few seconds on an idle machine
 
 
 def test_model_chosen_names_and_messages_are_capped_in_observations(search):

@@ -140,7 +140,7 @@ def test_wall_clock_timeout_stops_the_program(code):
     result = run(code, timeout_s=1)
     assert result.info["reason"] == "timed out" and result.info["exit_code"] is None
     assert result.text == "stopped: timed out after 1 s"
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # not the program's 100 s (or forever)
 
 
 def test_cpu_time_limit_stops_a_busy_loop():
@@ -286,7 +286,7 @@ def test_nothing_outlives_the_call():
     start = time.monotonic()
     result = run(code, timeout_s=10)
     assert result.text == "parent done\n"
-    assert time.monotonic() - start < 5  # the call did not wait for its daemon
+    assert time.monotonic() - start < 30  # the call did not wait for its daemon (60 s)
     assert _processes(marker=marker) == []
 
 
