@@ -438,11 +438,11 @@ def vllm_model(
 
     from transformers import AutoConfig
 
-    from agent_r1.pipeline.rl_driver import _start_path, vllm_server_args
+    from agent_r1.pipeline.rl_driver import start_path, vllm_server_args
     from agent_r1.rollout.vllm_engine import served_model
 
     cfg = _config(pipeline, config_file, overrides)
-    folder = served_model(cfg.model.name_or_path or _start_path(cfg), folder.absolute())
+    folder = served_model(cfg.model.name_or_path or start_path(cfg), folder.absolute())
     args = vllm_server_args(cfg, AutoConfig.from_pretrained(folder))
     server = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), *args,
               "--host", "0.0.0.0", "--port", "8000"]

@@ -61,16 +61,12 @@ def shared_server(pipeline: str, out: Path, settings: list[str]):
     from transformers import AutoConfig
 
     from agent_r1.config import load_config, parse_overrides
-    from agent_r1.pipeline.rl_driver import _start_path, vllm_server_args
+    from agent_r1.pipeline.rl_driver import start_path, vllm_server
     from agent_r1.rollout.vllm_engine import served_model
-    from agent_r1.rollout.vllm_server import VLLMServer
 
     cfg = load_config(pipeline, ROOT / "pipelines.yaml", parse_overrides([f"output_dir={out}", *settings]))
-    vc = cfg.rollout.vllm
-    folder = served_model(_start_path(cfg), out / "served")
-    return VLLMServer(folder, python=ROOT / vc.python, args=vllm_server_args(cfg, AutoConfig.from_pretrained(folder)),
-                      env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"}, startup_timeout_s=vc.startup_timeout_s,
-                      log_path=out / "vllm-server.log")
+    folder = served_model(start_path(cfg), out / "served")
+    return vllm_server(cfg, folder, AutoConfig.from_pretrained(folder))
 
 
 def row(pipeline: str, out: Path, settings: list[str], eta: int) -> dict:

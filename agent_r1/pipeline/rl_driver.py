@@ -426,7 +426,7 @@ class RLTrainer:
         if not tasks:  # before any model loads
             raise ConfigError(f"rl.hops / rl.qtypes: no training questions with rl.hops={cfg.rl.hops} or "
                               f"rl.qtypes={cfg.rl.qtypes} in {cfg.data.path or 'the data'}")
-        start = _start_path(cfg, tracker)
+        start = start_path(cfg, tracker)
         model, tokenizer = load_model(start)
         agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
         lc, rft = cfg.rl.learner, cfg.rl.algorithm == RFT
@@ -553,17 +553,11 @@ def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: s
 def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:
     """A vLLM engine with a server of its own, started here from a served copy of ``model_path``."""
     from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy, weights_of_this_process
-    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
 
-    vc = cfg.rollout.vllm
-    python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
-    args = vllm_server_args(cfg, model.config)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    weights = served_copy(model_path, vc.weights_dir)
+    weights = served_copy(model_path, cfg.rollout.vllm.weights_dir)
     try:
-        server = VLLMServer(weights, python=python, args=args, env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"},
-                            startup_timeout_s=vc.startup_timeout_s, log_path=cfg.out / "vllm-server.log",
-                            remove_when_orphaned=[weights_of_this_process(weights)])
+        server = vllm_server(cfg, weights, model.config, remove_when_orphaned=[weights_of_this_process(weights)])
     except BaseException:  # the engine owns the copy only once it exists
         shutil.rmtree(weights.parent, ignore_errors=True)
         raise
@@ -572,6 +566,19 @@ def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_pat
     log.info("rollout: vLLM server %s healthy after %.1f s (log: %s)", server.url, time.perf_counter() - t0,
              server.log_path)
     return engine
+
+
+def vllm_server(cfg: RunConfig, weights: Path, model_config, remove_when_orphaned: list[str] = ()):
+    """The vLLM server (not started yet) a run with ``cfg`` serves ``weights`` (an untied HF
+    folder) from: ``rollout.vllm``'s Python, KV cache and start timeout, :func:`vllm_server_args`
+    from ``model_config``, its log in ``<output_dir>/vllm-server.log``."""
+    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
+
+    vc = cfg.rollout.vllm
+    python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
+    return VLLMServer(weights, python=python, args=vllm_server_args(cfg, model_config),
+                      env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"}, startup_timeout_s=vc.startup_timeout_s,
+                      log_path=cfg.out / "vllm-server.log", remove_when_orphaned=list(remove_when_orphaned))
 
 
 def vllm_server_args(cfg: RunConfig, model_config) -> list[str]:
@@ -589,7 +596,7 @@ def vllm_server_args(cfg: RunConfig, model_config) -> list[str]:
     return server_args(dtype, max_model_len, (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
 
 
-def _start_path(cfg: RunConfig, tracker=None) -> str:
+def start_path(cfg: RunConfig, tracker=None) -> str:
     """RL's starting model folder: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
     src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
     if src.startswith(("models:/", "runs:/")):
