@@ -48,14 +48,20 @@ compare: install
 	$(BIN)/python -m flows.training --control $(ARGS)
 
 # CI runs the vLLM tests against a real server: the test target builds its environment too.
-# TEST_WORKERS pytest-xdist workers (ARGS="-n 0": one process); tests/conftest.py keeps the tests
+# TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: one process); tests/conftest.py keeps the tests
 # that must not overlap (vLLM servers, machine-wide process counts) on one worker.
 TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 test: install vllm
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(ARGS)
+	$(PYTEST) --ignore=tests/bench $(ARGS)
+
+# Every script under bench/ at smoke scale (tests/bench/: they run, they print their result line;
+# the numbers are measured by the scripts themselves, never asserted). CI runs it after `make test`.
+bench-check: install vllm
+	$(PYTEST) tests/bench $(ARGS)
 
 # docs/config.md from the config classes' field docstrings (tests/test_config_doc.py checks it).
 docs: install
 	$(BIN)/agent-r1 show-config --doc > docs/config.md
 
-.PHONY: install vllm run compare test docs
+.PHONY: install vllm run compare test bench-check docs

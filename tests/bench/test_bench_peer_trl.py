@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "peer_trl.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "peer_trl.py"
 
 
 def _load():

@@ -12,7 +12,7 @@ import pytest
 
 from agent_r1.evaluate import seed_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 TINY_MODEL = ["--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--vocab", "300"]
 
@@ -44,11 +44,11 @@ SMOKE = {
 BUILT = {"shared_prefix.py", "kv_reuse.py --run", "pipeline_overhead.py", "rollout.py --engines hf vllm",
          "async_rollout.py"}
 ELSEWHERE = {
-    "gpu_learning.sh": "tests/test_bench_gpu_learning.py",
-    "peer_trl.py": "tests/test_bench_peer_trl.py",
+    "gpu_learning.sh": "tests/bench/test_bench_gpu_learning.py",
+    "peer_trl.py": "tests/bench/test_bench_peer_trl.py",
     "sandbox.py": "tests/test_code_task.py",
-    "machine.py": "tests/test_bench.py",  # the scripts' shared helper, not a script: test_machine_helpers
-    "README.md": "tests/test_bench.py",  # the results, not a script
+    "machine.py": "tests/bench/test_bench.py",  # the scripts' shared helper, not a script: test_machine_helpers
+    "README.md": "tests/bench/test_bench.py",  # the results, not a script
 }
 
 
@@ -66,7 +66,7 @@ def bench(script: str, args: list[str], cwd: Path = ROOT, timeout: float = 300) 
 def test_every_bench_file_is_covered():
     covered = {name.split()[0] for name in [*SMOKE, *BUILT]} | set(ELSEWHERE)
     files = {p.name for p in BENCH.iterdir() if p.is_file()}
-    assert files <= covered, f"bench files no test runs (add them to tests/test_bench.py): {sorted(files - covered)}"
+    assert files <= covered, f"bench files no test runs (add them to tests/bench/test_bench.py): {sorted(files - covered)}"
     for name, test in ELSEWHERE.items():
         assert name in (ROOT / test).read_text(), f"{test} does not run bench/{name}"
 
