@@ -49,6 +49,7 @@ MACHINE = ("time", "wall_s", "_per_s", "rollout/prefill")  # the machine's speed
 def _env(root: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return env | {"OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+                  "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions"),  # a run's: no C++ op is built there
                   "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 
 
@@ -217,23 +218,49 @@ def test_two_ranks_train_what_one_rank_trains_through_a_killed_rank_and_a_resume
 
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", project_dir=tmp_path)
     assert tracker.run_info(run_id)["status"] == "FINISHED"  # the killed run's MLflow run, finished by the resume
+    assert not list((tmp_path / "torch_extensions").glob("*/*"))  # DeepSpeed's shared-memory op was not built
     print(f"kill + resume: {time.perf_counter() - t0:.0f} s; the run stopped {stopped_s:.1f} s after the kill")
 
 
 # ------------------------------------------------------------------------------ input errors (fast)
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent_r1.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env or _env(ROOT))
+TWO_RANKS = {  # `agent-r1 train` with what two ranks cannot run, and the first line of what it says
+    "rl.rollout_shards=1": "rl.rollout_shards: 1 shards cannot keep 2 ranks busy",
+    "rl.tasks_per_iteration=1": "rl.tasks_per_iteration: 1 questions cannot fill 2 rollout shards",
+    "rl.learner.zero_stage=3": "rl.learner ZeRO-3 on several ranks",
+}
+REFUSALS = {"nproc 0": ["train", "-p", "tiny", "--nproc", "0"], "nproc 2": ["train", "-p", "tiny", "--nproc", "2"]} | {
+    o: ["train", "-p", "tiny", "--no-track", "-s", o, "-s", f"output_dir={ROOT / 'outputs' / 'never'}"] for o in TWO_RANKS}
+# every refusal invoked as the command line invokes `agent-r1` (its typer app), one after the other in one
+# process; then whether that process imported DeepSpeed or started a process group
+REFUSE = """
+import json, sys
+import torch.distributed as dist
+from typer.testing import CliRunner
+from agent_r1.cli import app
+runs = {name: CliRunner().invoke(app, args) for name, args in json.loads(sys.argv[1]).items()}
+print(json.dumps({name: [r.exit_code, r.stdout, r.stderr] for name, r in runs.items()}
+                 | {"started": ["deepspeed" in sys.modules, dist.is_initialized()]}))
+"""
 
 
-def test_nproc_below_one_is_refused_in_one_line():
-    out = _cli("train", "-p", "tiny", "--nproc", "0")
-    assert out.returncode == 2 and "--nproc" in out.stderr and "greater than or equal to 1" in out.stderr, out.stderr
+@pytest.fixture(scope="module")
+def refused() -> dict:
+    """``{name: (exit code, stdout, stderr)}`` of each of ``REFUSALS`` as rank 0 of 2 (the launcher's
+    variables), in a fresh process (this one may hold a 1-rank group): one import of the CLI for all."""
+    out = subprocess.run([sys.executable, "-c", REFUSE, json.dumps(REFUSALS)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=_env(ROOT) | {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_nproc_inside_a_launcher_is_refused():
-    out = _cli("train", "-p", "tiny", "--nproc", "2", env=_env(ROOT) | {"WORLD_SIZE": "2", "RANK": "0"})
-    assert out.returncode == 2 and "already one of 2 ranks" in out.stdout + out.stderr
+def test_nproc_below_one_is_refused_in_one_line(refused):
+    code, _, err = refused["nproc 0"]
+    assert code == 2 and "--nproc" in err and "greater than or equal to 1" in err, err
+
+
+def test_nproc_inside_a_launcher_is_refused(refused):
+    code, out, err = refused["nproc 2"]
+    assert code == 2 and "already one of 2 ranks" in out + err
 
 
 @pytest.mark.parametrize("content, message", [(None, "no such DeepSpeed config file"), ("{bf16: true", "not JSON"),
@@ -260,18 +287,13 @@ def test_the_infra_deepspeed_files_merge_over_the_learners_keys(name):
     assert ds_config(LearnerConfig()) == _ds_config(LearnerConfig())
 
 
-@pytest.mark.parametrize("override, message", [
-    ("rl.rollout_shards=1", "rl.rollout_shards: 1 shards cannot keep 2 ranks busy"),
-    ("rl.tasks_per_iteration=1", "rl.tasks_per_iteration: 1 questions cannot fill 2 rollout shards"),
-    ("rl.learner.zero_stage=3", "rl.learner ZeRO-3 on several ranks"),
-])
-def test_what_two_ranks_cannot_run_is_named_before_anything_starts(override, message):
-    """As rank 0 of 2 (the launcher's variables; a fresh process: this one may hold a 1-rank group),
-    `agent-r1 train` stops with one line before the process group or any model starts."""
-    out = _cli("train", "-p", "tiny", "--no-track", "-s", override, "-s", f"output_dir={ROOT / 'outputs' / 'never'}",
-               env=_env(ROOT) | {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
-    assert out.returncode == 1 and f"error: {message}" in out.stdout, out.stdout + out.stderr
-    assert "DeepSpeed" not in out.stdout
+@pytest.mark.parametrize("override", TWO_RANKS)
+def test_what_two_ranks_cannot_run_is_named_before_anything_starts(refused, override):
+    """As rank 0 of 2, `agent-r1 train` stops with one line before the process group or any model starts."""
+    code, out, err = refused[override]
+    assert code == 1 and f"error: {TWO_RANKS[override]}" in out, out + err
+    assert "DeepSpeed" not in out
+    assert refused["started"] == [False, False]  # no refusal imported DeepSpeed or started a process group
 
 
 @pytest.mark.slow  # the first use on a machine compiles DeepSpeed's CPU Adam op (~30 s)

@@ -6,6 +6,7 @@ under the window and summary contexts."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,12 +30,15 @@ from agent_r1.trajectory import to_sequences  # noqa: E402
 from tests.procs import group, group_ends  # noqa: E402
 
 
+# the textworld-tiny pipeline's games (data.games), but 3 train games, and data seed 7
+GAMES = GamesConfig(train_games=3, test_games=2, train_quest_lengths=[1, 2], test_quest_lengths=[3])
+SETTINGS = ["data.seed=7", "data.games.train_games=3"]  # textworld-tiny with these makes GAMES with data seed 7
+
+
 @pytest.fixture(scope="module")
 def games(tmp_path_factory) -> Path:
     """Three train games (quests of 1 and 2) and two test games (quests of 3)."""
-    out = tmp_path_factory.mktemp("games")
-    cfg = GamesConfig(train_games=3, test_games=2, train_quest_lengths=[1, 2], test_quest_lengths=[3])
-    return write_text_games(cfg, data_seed=7, out=out)
+    return write_text_games(GAMES, data_seed=7, out=tmp_path_factory.mktemp("games"))
 
 
 def tasks(games: Path, split: str) -> list[dict]:
@@ -236,15 +240,21 @@ def test_a_missing_game_file_is_an_episode_error(games, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_textworld_tiny_pipeline_trains_both_methods_and_scores_the_baselines(tmp_path):
-    """`agent-r1 train -p textworld-tiny`: tw-make games, walkthrough SFT, PPO on step-level GAE
-    with the game's process rewards and GRPO on the final reward alone, evaluated beside the
+def test_the_textworld_tiny_pipeline_trains_both_methods_and_scores_the_baselines(games, tmp_path):
+    """`agent-r1 train -p textworld-tiny` on the module's tw-make games (a copy in its data folder,
+    made for the settings the run asks for: kept, not made again), walkthrough SFT, PPO on step-level
+    GAE with the game's process rewards and GRPO on the final reward alone, evaluated beside the
     random, base-model and walkthrough baselines."""
     import json
 
-    out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "textworld-tiny", "--no-track",
-                          "-s", f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    shutil.copytree(games, tmp_path / "data")
+    stamp = tmp_path / "data" / "games" / "settings.json"
+    made = stamp.stat().st_mtime_ns
+    sets = [x for s in [f"output_dir={tmp_path}", *SETTINGS] for x in ("-s", s)]
+    out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "textworld-tiny", "--no-track", *sets],
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert stamp.stat().st_mtime_ns == made  # the prepare stage asked for these games: kept
     test = json.loads((tmp_path / "metrics" / "eval.json").read_text())["test"]
     assert set(test) == {"random", "base_tool_call", "oracle", "sft", "ppo_step", "grpo_outcome"}
     assert test["oracle"]["won"] == 1.0 and test["oracle"]["score_fraction"] == 1.0
@@ -274,6 +284,5 @@ def test_config_errors_name_the_setting():
 
 def test_games_made_for_the_same_settings_are_kept(games):
     before = {p.name: p.stat().st_mtime_ns for p in (games / "games").iterdir()}
-    cfg = GamesConfig(train_games=3, test_games=2, train_quest_lengths=[1, 2], test_quest_lengths=[3])
-    write_text_games(cfg, data_seed=7, out=games)
+    write_text_games(GAMES.model_copy(), data_seed=7, out=games)
     assert {p.name: p.stat().st_mtime_ns for p in (games / "games").iterdir()} == before

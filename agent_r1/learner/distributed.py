@@ -31,12 +31,12 @@ def init_distributed(backend: str | None = None) -> None:
     the loopback interface (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, unless set). Under
     torchrun the launcher's rendezvous and interfaces are used as they are.
 
-    On a CPU machine with several ranks, DeepSpeed builds its shared-memory all-reduce (a small
-    C++ extension: about 30 s, needs g++ and ninja) the first time it starts the process group;
-    later runs load it from the torch extensions cache (``TORCH_EXTENSIONS_DIR``), rebuilding
-    when the venv's path changes. A single process has no peer to share memory with, so it
-    skips that op (DeepSpeed falls back to torch.distributed). We log before and after so a
-    wait is never a mystery.
+    Without a GPU, DeepSpeed would build its shared-memory all-reduce (a C++ extension: 30-110 s
+    on 2 cores, again whenever the venv's path changes) each time its extensions cache lacks it.
+    That op serves only inference's tensor-parallel all-reduce (``inference_all_reduce``, which
+    falls back to torch.distributed without it); training's gradients and the pipeline's
+    collectives go through torch.distributed (gloo), so it is never built. We log before and
+    after so a wait is never a mystery.
     """
     import deepspeed
     import torch
@@ -48,13 +48,11 @@ def init_distributed(backend: str | None = None) -> None:
     added = [k for k in single if k not in os.environ]  # not launched by torchrun: one process
     os.environ.update({k: single[k] for k in added})
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if os.environ["WORLD_SIZE"] == "1":
-        # DeepSpeed reads its op table on start: with no peer the shared-memory op is not built
+    if not torch.cuda.is_available():  # DeepSpeed reads its op table on start: the op is not built
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if torch.cuda.is_available() and "LOCAL_RANK" not in added:  # "cuda" is this rank's GPU from here on
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    log.info("starting DeepSpeed (%s)%s", backend, "" if os.environ["WORLD_SIZE"] == "1" or torch.cuda.is_available()
-             else "; the first run of N CPU ranks on a machine compiles a C++ op (~30 s)")
+    log.info("starting DeepSpeed (%s)", backend)
     t0 = time.perf_counter()
     try:
         if "MASTER_PORT" in added:
