@@ -315,24 +315,27 @@ def test_served_deployments_run_from_the_api(harness, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(harness, tmp_path):
+def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(harness, tmp_path, monkeypatch,
+                                                                                          capsys):
     """The module's Prefect server, a process work pool and a worker of it (limit 1), the deployments
-    registered with the pool (`python -m flows.deploy --pool`, retraining on its cron: the same
-    deployments the test before served, now the pool's, their schedule replaced), and the
-    dispatch flow starting the training deployment with run_deployment: the worker runs the tiny
-    pipeline to the end, and MLflow holds its run and the registered agent."""
+    registered with the pool (`python -m flows.deploy --pool`'s main, in this process, from the
+    repository root; retraining on its cron: the same deployments the test before served, now the
+    pool's, their schedule replaced), and the dispatch flow starting the training deployment with
+    run_deployment: the worker runs the tiny pipeline to the end, and MLflow holds its run and the
+    registered agent."""
     from prefect.client.orchestration import get_client
 
+    from flows.deploy import main as deploy
     from flows.dispatch import dispatch_flow
 
     pool = "agent-r1-test"
     with _served_by(harness, tmp_path, "worker", PREFECT_WORKER_QUERY_SECONDS="1") as (env, log, started):
-        run = lambda *cmd, cwd=tmp_path: subprocess.run([sys.executable, "-m", *cmd], cwd=cwd, env=env, text=True,
-                                                         capture_output=True, timeout=300)
-        created = run("prefect", "work-pool", "create", pool, "--type", "process")
+        created = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", pool, "--type", "process"],
+                                 cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
         assert created.returncode == 0, created.stdout + created.stderr
-        deployed = run("flows.deploy", "--pool", pool, "--cron", "0 5 * * 0", cwd=REPO)
-        assert deployed.returncode == 0 and "registered 3 deployments" in deployed.stdout, deployed.stdout + deployed.stderr
+        monkeypatch.chdir(REPO)
+        deploy(["--pool", pool, "--cron", "0 5 * * 0"])
+        assert "registered 3 deployments" in capsys.readouterr().out
         worker = started(subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
                                           cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
