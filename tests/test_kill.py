@@ -89,8 +89,13 @@ def _reference(root: Path) -> None:
     from agent_r1.tracking import Tracker
 
     root.mkdir(parents=True)
-    run_all(load_config("tiny", ROOT / "pipelines.yaml", parse_overrides([f"output_dir={root / 'out'}", *SETTINGS])),
-            Tracker(uri=f"sqlite:///{root / 'mlflow.db'}", project_dir=root))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the killed run's processes (OMP_NUM_THREADS=1): the same sums, bit for bit
+    try:
+        run_all(load_config("tiny", ROOT / "pipelines.yaml", parse_overrides([f"output_dir={root / 'out'}", *SETTINGS])),
+                Tracker(uri=f"sqlite:///{root / 'mlflow.db'}", project_dir=root))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _run(root: Path, kills: list[tuple[str, str, float]]) -> list[str]:
