@@ -3,9 +3,6 @@ fine-tuning (method rft) in the RL loop."""
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -95,23 +92,26 @@ def test_evaluating_a_split_the_data_lacks_is_one_clear_error_and_a_curve_on_it_
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # code-tiny's stages, twice RL, the curves: a few minutes on a free 2-core machine
-def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_path):
-    """`agent-r1 train -p code-tiny -s eval.every=1` (with rft beside grpo): every stage of the `code`
-    pipeline on the tiny model, the python tool sandboxed, the no_tool and base_tool_call baselines
-    beside SFT and the RL methods; a held-out point per iteration 0..N of each method in MLflow, at
-    step = episodes seen; the figure; the curve rows."""
+def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_path, monkeypatch):
+    """What `agent-r1 train -p code-tiny -s eval.every=1` runs (with rft beside grpo), in this process:
+    every stage of the `code` pipeline on the tiny model, the python tool sandboxed, the no_tool and
+    base_tool_call baselines beside SFT and the RL methods; a held-out point per iteration 0..N of
+    each method in MLflow, at step = episodes seen; the figure; the curve rows."""
     from mlflow.tracking import MlflowClient
 
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "agent_r1.cli", "train", "-p", "code-tiny", "--config",
-                          str(ROOT / "pipelines.yaml"), "-s", "eval.every=1", "-s", "methods=[grpo, rft]",
-                          "-s", "eval.curve_size=6", "-s", "sft.epochs=1.0", "-s", "eval.max_per_hop=6",
-                          "-s", f"output_dir={tmp_path / 'out'}"],
-                         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.pipeline import run_all
+    from agent_r1.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    # smoke sizes: 8 SFT steps, RL iterations of 2 tasks x 2 episodes, 2 test and 2 curve problems
+    run_all(load_config("code-tiny", ROOT / "pipelines.yaml", parse_overrides(
+        ["eval.every=1", "methods=[grpo, rft]", "eval.curve_size=2", "sft.epochs=0.25", "eval.max_per_hop=2",
+         "rl.tasks_per_iteration=2", "rl.group_size=2", f"output_dir={tmp_path / 'out'}"])), Tracker(uri=uri, project_dir=tmp_path))
+    client = MlflowClient(uri)
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
-    iterations, group = 2, 4 * 4  # code-tiny: 2 iterations of 4 tasks x 4 episodes
+    iterations, group = 2, 2 * 2  # code-tiny: 2 iterations, here of 2 tasks x 2 episodes
     for method in ("grpo", "rft"):
         run_id = next(r.info.run_id for name, r in runs.items() if name and name.endswith(method))
         em = client.get_metric_history(run_id, "heldout/em")

@@ -1,14 +1,13 @@
 """examples/city_facts end to end, and a user's own environment and tool from a temp module,
-both run by `agent-r1 train` (the tiny model) to a finished eval.json holding the
-environment's own metrics; and examples/mcp_tools, whose tool is an MCP server from PyPI."""
+both run through what `agent-r1 train` runs (the tiny model; in this process, as a flow worker
+runs a pipeline) to a finished eval.json holding the environment's own metrics; and
+examples/mcp_tools, whose tool is an MCP server from PyPI. (`agent-r1 train` itself, with a
+config in another folder, is run as a command by tests/test_tasks.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -21,19 +20,19 @@ from tests.procs import live
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "city_facts"
 MCP_EXAMPLE = ROOT / "examples" / "mcp_tools"
-AGENT_R1 = str(Path(sys.executable).with_name("agent-r1"))
 # a small tiny model and a short run: the plumbing, not the learning
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
         "model.tiny.intermediate_size=64", "model.tiny.vocab_size=320", "sft.epochs=0.5", "rl.iterations=1",
         "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=3"]
 
 
-def _train(config: Path, pipeline: str, out: Path, *flags: str, env: dict | None = None) -> dict:
-    """Run ``agent-r1 train`` (tiny sizes) from the repository root; the finished eval.json."""
-    sets = [a for s in [f"output_dir={out}", *TINY] for a in ("-s", s)]
-    run = subprocess.run([AGENT_R1, "train", "--config", str(config), "-p", pipeline, *sets, *flags],
-                         cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+def _train(config: Path, pipeline: str, out: Path, tracker=None) -> dict:
+    """The pipeline ``pipeline`` of ``config`` (tiny sizes) as ``agent-r1 train`` runs it, in this process
+    (``tracker``: MLflow, else none, as --no-track); the finished eval.json."""
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.pipeline import run_all
+
+    run_all(load_config(pipeline, config, parse_overrides([f"output_dir={out}", *TINY])), tracker)
     return json.loads((out / "metrics" / "eval.json").read_text())
 
 
@@ -73,13 +72,14 @@ def test_city_facts_oracle_scores_full_marks(tmp_path):
 
 @pytest.mark.slow
 def test_city_facts_example_trains_end_to_end_and_reports_its_metrics(tmp_path):
-    """The example as its README runs it (tiny sizes), with MLflow tracking: the env's own
-    metrics reach eval.json, the RL history and MLflow."""
+    """The example's pipeline (tiny sizes), with MLflow tracking: the env's own metrics reach
+    eval.json, the RL history and MLflow."""
     import mlflow
 
+    from agent_r1.tracking import Tracker
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    results = _train(EXAMPLE / "pipelines.yaml", "city_facts", tmp_path / "out",
-                     env={"MLFLOW_TRACKING_URI": uri})
+    results = _train(EXAMPLE / "pipelines.yaml", "city_facts", tmp_path / "out", Tracker(uri=uri, project_dir=tmp_path))
     for method in ("base_tool_call", "sft", "grpo"):
         for key in ("lookup_hit", "calc_calls", "em"):
             assert key in results["test"][method] and key in results["test_2hop"][method], (method, key)
@@ -142,9 +142,10 @@ def _shout_data(folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_environment_and_a_tool_from_a_temp_module_train_end_to_end(tmp_path):
-    """A new environment and tool, written in a module on PYTHONPATH and named in a config by
-    import path, run through `agent-r1 train`: eval.json and the RL history hold its metrics."""
+def test_an_environment_and_a_tool_from_a_temp_module_train_end_to_end(tmp_path, monkeypatch):
+    """A new environment and tool, written in a module on the import path and named in a config by
+    import path, trained end to end: eval.json and the RL history hold its metrics."""
+    monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "shoutmod.py").write_text(MODULE)
     _shout_data(tmp_path / "data")
     config = tmp_path / "pipelines.yaml"
@@ -159,7 +160,7 @@ def test_an_environment_and_a_tool_from_a_temp_module_train_end_to_end(tmp_path)
             rl: {{hops: [1]}}
             eval: {{hops: [1], baselines: []}}
         """))
-    results = _train(config, "shout", tmp_path / "out", "--no-track", env={"PYTHONPATH": str(tmp_path)})
+    results = _train(config, "shout", tmp_path / "out")
     for method in ("sft", "grpo"):
         m = results["test"][method]
         assert m["n"] == 3 and "shouts" in m and "em" not in m  # its own metrics, not QA's
@@ -197,9 +198,15 @@ def test_mcp_tools_oracle_agrees_with_the_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_mcp_tools_example_trains_end_to_end_and_leaves_no_server(tmp_path):
-    """The example as its README runs it (tiny sizes, no MLflow): mcp-server-time runs while the
-    pipeline does, eval.json holds the environment's metrics, and no server is left after it."""
+def test_mcp_tools_example_trains_end_to_end_and_stops_its_servers_when_it_returns(tmp_path):
+    """The example's pipeline (tiny sizes, no MLflow) run by run_pipeline in this process, as a flow
+    worker runs it: mcp-server-time runs while the pipeline does, eval.json holds the environment's
+    metrics, and the server is gone when run_pipeline returns, while this process lives on (atexit
+    is not what stops it)."""
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.pipeline import Plan, run_pipeline
+    from agent_r1.tools.mcp import _OPEN
+
     before, seen, done = _mcp_time_servers(), set(), threading.Event()
 
     def watch() -> None:
@@ -209,29 +216,16 @@ def test_mcp_tools_example_trains_end_to_end_and_leaves_no_server(tmp_path):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        results = _train(MCP_EXAMPLE / "pipelines.yaml", "mcp_tools", tmp_path / "out", "--no-track")
+        cfg = load_config("mcp_tools", MCP_EXAMPLE / "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *TINY]))
+        run_pipeline(cfg, Plan(register=False))
     finally:
         done.set()
         watcher.join()
     assert seen, "no mcp-server-time process ran during the pipeline"
-    assert not seen & _mcp_time_servers(), "mcp-server-time processes left after the pipeline"
+    assert not _mcp_time_servers() - before and not _OPEN, "mcp-server-time processes left after the pipeline"
+    results = json.loads((tmp_path / "metrics" / "eval.json").read_text())
     for method in ("base_tool_call", "sft", "grpo"):
         m = results["test"][method]
         assert m["n"] == 3 and {"em", "converted", "tool_calls", "tool_errors"} <= set(m), (method, sorted(m))
-    history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())
+    history = json.loads((tmp_path / "metrics" / "train" / "grpo.json").read_text())
     assert {"em", "converted"} <= set(history[0])
-
-
-@pytest.mark.slow
-def test_a_pipeline_in_a_process_that_lives_on_stops_its_mcp_servers_when_it_returns(tmp_path):
-    """run_pipeline in this process (as a flow worker runs it): the server it started is gone
-    when it returns, while this process lives on (atexit is not what stops it)."""
-    from agent_r1.config import load_config, parse_overrides
-    from agent_r1.pipeline import Plan, run_pipeline
-    from agent_r1.tools.mcp import _OPEN
-
-    before = _mcp_time_servers()
-    cfg = load_config("mcp_tools", MCP_EXAMPLE / "pipelines.yaml",
-                      parse_overrides([f"output_dir={tmp_path}", *TINY, "rl.iterations=0"]))
-    run_pipeline(cfg, Plan(register=False))
-    assert not _mcp_time_servers() - before and not _OPEN

@@ -24,7 +24,7 @@ from agent_r1.tracking import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
-    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.tasks_per_iteration=4",
+    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.worlds=1", "sft.epochs=1.8", "rl.tasks_per_iteration=4",
     "rl.group_size=2", "eval.max_per_hop=4", "model.tiny.num_layers=1", "model.tiny.hidden_size=32",
     "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.tiny.intermediate_size=64",
     "model.tiny.vocab_size=400",
@@ -65,7 +65,8 @@ def mlflow_env(monkeypatch, root: Path) -> Tracker:
 
 @pytest.fixture(scope="module")
 def trained(harness, tmp_path_factory):
-    """One training flow run. SFT long enough that the agent beats a random model on reward. A format
+    """One training flow run. SFT long enough that the agent beats a random model on reward (20 epochs:
+    270 steps; 6 epochs of nine worlds' demonstrations, 729 steps, gave the same rewards). A format
     error threshold of 0 raises the format_errors alarm whatever the agent writes: the run needs a look."""
     from flows.training import TrainingParams, training_flow
 
@@ -73,7 +74,7 @@ def trained(harness, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     tracker = mlflow_env(mp, root)
     try:
-        state = training_flow(TrainingParams(pipeline="tiny", overrides=tiny(root / "out", "sft.epochs=6", "rl.iterations=2",
+        state = training_flow(TrainingParams(pipeline="tiny", overrides=tiny(root / "out", "sft.epochs=20", "rl.iterations=2",
                                                                    "health.patience=1", "health.format_error_rate=0")),
                               return_state=True)
     finally:
@@ -314,24 +315,27 @@ def test_served_deployments_run_from_the_api(harness, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(harness, tmp_path):
+def test_a_process_pool_worker_runs_the_training_deployment_that_another_flow_dispatches(harness, tmp_path, monkeypatch,
+                                                                                          capsys):
     """The module's Prefect server, a process work pool and a worker of it (limit 1), the deployments
-    registered with the pool (`python -m flows.deploy --pool`, retraining on its cron: the same
-    deployments the test before served, now the pool's, their schedule replaced), and the
-    dispatch flow starting the training deployment with run_deployment: the worker runs the tiny
-    pipeline to the end, and MLflow holds its run and the registered agent."""
+    registered with the pool (`python -m flows.deploy --pool`'s main, in this process, from the
+    repository root; retraining on its cron: the same deployments the test before served, now the
+    pool's, their schedule replaced), and the dispatch flow starting the training deployment with
+    run_deployment: the worker runs the tiny pipeline to the end, and MLflow holds its run and the
+    registered agent."""
     from prefect.client.orchestration import get_client
 
+    from flows.deploy import main as deploy
     from flows.dispatch import dispatch_flow
 
     pool = "agent-r1-test"
     with _served_by(harness, tmp_path, "worker", PREFECT_WORKER_QUERY_SECONDS="1") as (env, log, started):
-        run = lambda *cmd, cwd=tmp_path: subprocess.run([sys.executable, "-m", *cmd], cwd=cwd, env=env, text=True,
-                                                         capture_output=True, timeout=300)
-        created = run("prefect", "work-pool", "create", pool, "--type", "process")
+        created = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", pool, "--type", "process"],
+                                 cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
         assert created.returncode == 0, created.stdout + created.stderr
-        deployed = run("flows.deploy", "--pool", pool, "--cron", "0 5 * * 0", cwd=REPO)
-        assert deployed.returncode == 0 and "registered 3 deployments" in deployed.stdout, deployed.stdout + deployed.stderr
+        monkeypatch.chdir(REPO)
+        deploy(["--pool", pool, "--cron", "0 5 * * 0"])
+        assert "registered 3 deployments" in capsys.readouterr().out
         worker = started(subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--limit", "1"],
                                           cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))

@@ -65,7 +65,9 @@ def _flag(command: list[str], name: str) -> str:
 # ------------------------------------------------------------------------------ MLflow server
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """``mlflow server`` on a free 127.0.0.1 port; yields (url, artifacts destination folder)."""
+    """``mlflow server`` on a free 127.0.0.1 port; yields (url, artifacts destination folder). Without
+    MLflow's server jobs (a job-runner process beside the server, for GenAI jobs nothing here runs):
+    the server was healthy after 9-13 s instead of 19-20 s."""
     tmp = tmp_path_factory.mktemp("mlflow-server")
     port, artifacts = _free_port(), tmp / "artifacts"
     allowed = _flag(_compose()["services"]["mlflow"]["command"], "--allowed-hosts")
@@ -79,7 +81,8 @@ def mlflow_server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     with open(tmp / "server.log", "wb") as log:
         proc = subprocess.Popen(
-            cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=os.environ | QUIET, start_new_session=True
+            cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=os.environ | QUIET | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         try:
             deadline = time.monotonic() + 120

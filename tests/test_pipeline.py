@@ -24,7 +24,7 @@ from conftest import CORPUS, TASKS
 HOTPOTQA = Path(__file__).resolve().parents[1] / "data" / "hotpotqa"  # shipped with the project
 
 TINY = [
-    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=4",
+    "data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.worlds=1", "sft.epochs=1.8", "rl.iterations=4",
     "rl.tasks_per_iteration=2", "rl.group_size=2", "eval.max_per_hop=3", "model.tiny.num_layers=1",
     "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
     "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",

@@ -73,7 +73,7 @@ def test_oracle_demonstration_is_tokenized_like_a_rollout():
 
 
 # the tiny pipeline at test sizes (a run in well under a minute)
-TINY_RUN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.epochs=0.2", "rl.iterations=2",
+TINY_RUN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.worlds=1", "sft.epochs=1.8", "rl.iterations=2",
             "rl.tasks_per_iteration=4", "rl.group_size=2", "eval.max_per_hop=4", "model.tiny.num_layers=1",
             "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400"]
