@@ -37,14 +37,28 @@ def xdist_group(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    """Each test in its group; the groups with the most slow tests first (with --no-loadscope-reorder
-    the workers take the groups in this order: the longest start first), in file order within each."""
+    """The groups with the most slow tests first (with --no-loadscope-reorder the workers take the
+    groups in this order: the longest start first), in file order within each."""
     groups = [xdist_group(item.nodeid) for item in items]
     slow = {g: 0 for g in groups}
     for item, group in zip(items, groups):
-        item.add_marker(pytest.mark.xdist_group(group))
         slow[group] += item.get_closest_marker("slow") is not None
     items[:] = [item for _, _, item in sorted(zip((-slow[g] for g in groups), range(len(items)), items))]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by ``xdist_group``, read from each test's id in the controller. (xdist's own
+    loadgroup reads an ``xdist_group`` mark that it writes into the test ids, which pytest 9.2's test
+    ids no longer take: pytest-dev/pytest-xdist#1386; every test was then spread on its own.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 # The tests' vLLM servers (every one inherits this environment) run their model in the engine core
