@@ -69,7 +69,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # Tiny matrices gain nothing from intra-op threads, and on a busy machine every op of a
 # multi-threaded torch waits for its threads to be scheduled (~10 ms per op instead of ~10 µs).
+# The processes the tests start inherit one thread too: two workers of two-thread processes on two
+# cores spin in OpenMP's barriers (the textworld-tiny pipeline: 129 s of CPU with the default, 48 s
+# with one thread, beside one other busy process).
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TINY = TinyModelConfig(
     hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, vocab_size=300
