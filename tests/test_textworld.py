@@ -137,7 +137,7 @@ def test_a_game_engine_killed_or_hung_mid_episode_ends_only_its_episode(games):
 
 def test_no_game_process_or_folder_outlives_a_killed_trainer(games):
     """The game server and its games die with a SIGKILLed trainer (its watchdog ends the group),
-    and no agent-r1 folder is left: the server's working folder was removed as it was entered."""
+    and no games folder is left: the server's working folder was removed as it was entered."""
     task = tasks(games, "train")[0]
     script = textwrap.dedent(f"""
         import os
@@ -151,7 +151,7 @@ def test_no_game_process_or_folder_outlives_a_killed_trainer(games):
         print(text_game._SERVER.process.pid, *[e.engine.pid for e in envs], flush=True)
         os.read(0, 1)
     """)
-    before = set(Path(tempfile.gettempdir()).glob("agent-r1-*"))
+    before = set(Path(tempfile.gettempdir()).glob("agent-r1-games-*"))  # the other worker makes agent-r1-model-* folders
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     watchdog, *game_pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(group(watchdog)) == 5 and len(pids_alive(game_pids)) == 3  # the watchdog, the server, 3 games
@@ -161,7 +161,7 @@ def test_no_game_process_or_folder_outlives_a_killed_trainer(games):
     proc.kill()
     proc.wait()
     assert group_ends(watchdog), f"left: {group(watchdog)}"
-    assert not set(Path(tempfile.gettempdir()).glob("agent-r1-*")) - before
+    assert not set(Path(tempfile.gettempdir()).glob("agent-r1-games-*")) - before
 
 
 def test_commands_about_the_game_itself_are_refused(games):
