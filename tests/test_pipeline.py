@@ -13,7 +13,7 @@ from agent_r1.envs import MultiHopQAEnv, NaiveRAGEnv
 from agent_r1.evaluate import retrieval_recall
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.control import control
-from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer, for_method, rl_methods, rl_seconds
+from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer, for_method, matched_method, rl_methods, rl_seconds
 from agent_r1.pipeline.state import history_path
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import Step, Trajectory
@@ -255,6 +255,18 @@ def test_the_control_budget_is_rl_s_recorded_training_time(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps([{"iteration": i, "time/iteration_s": 2.5} for i in range(1, 5)]))
     assert rl_seconds(cfg) == 10.0
+
+
+def test_the_control_matches_the_first_trained_method_when_rl_algorithm_is_not_one(tmp_path):
+    # textworld's rl.algorithm is step_gae (ppo_step); a run of methods=[grpo_outcome, rft] matches grpo_outcome
+    cfg = tiny_cfg(tmp_path, "methods=[grpo_outcome, rft]", "rl.algorithm=gae")
+    with pytest.raises(ConfigError, match=r"grpo_outcome has no training record .*--seconds"):
+        rl_seconds(cfg)
+    path = history_path(cfg, "grpo_outcome")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([{"iteration": 1, "time/iteration_s": 7.0}]))
+    assert matched_method(cfg) == "grpo_outcome" and rl_seconds(cfg) == 7.0
+    assert matched_method(tiny_cfg(tmp_path, "methods=[ppo, grpo]", "rl.algorithm=grpo")) == "grpo"  # rl.algorithm's when trained
 
 
 @pytest.mark.slow

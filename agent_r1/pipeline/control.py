@@ -14,7 +14,7 @@ from agent_r1.config import RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.models import load_model
-from agent_r1.pipeline.rl_driver import curve_path, rl_seconds
+from agent_r1.pipeline.rl_driver import curve_path, matched_method, rl_seconds
 from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config, write_json
 from agent_r1.progress import Progress
 from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
@@ -34,8 +34,11 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     then a point on the same tasks wherever its training time (the curve's own left out) reaches
     the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
     RL's episodes."""
-    seconds = rl_seconds(cfg) if seconds is None else seconds
-    log.info("control: SFT for %.0f s, RL's training time", seconds)
+    if seconds is None:
+        seconds = rl_seconds(cfg)
+        log.info("control: SFT for %.0f s, the training time of %s", seconds, matched_method(cfg))
+    else:
+        log.info("control: SFT for %.0f s", seconds)
     data_dir = cfg.out / "data"
     model, tokenizer = load_model(checkpoint_dir(cfg, "sft"))
     agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg)
@@ -82,6 +85,6 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
 
 
 def _rl_curve(cfg: RunConfig) -> list[dict]:
-    """The held-out points of RL's method (``rl.algorithm``'s), whose times the control's match."""
-    path = curve_path(cfg, cfg.rl.method)
+    """The held-out points of :func:`matched_method`, whose times the control's match."""
+    path = curve_path(cfg, matched_method(cfg))
     return json.loads(path.read_text()) if cfg.curve_every and path.exists() else []

@@ -633,7 +633,19 @@ def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | N
     return out
 
 
+def matched_method(cfg: RunConfig) -> str:
+    """The RL method the SFT-only control is matched with (its training time, its held-out curve):
+    ``rl.algorithm``'s when the pipeline trains it, else the first of ``methods``."""
+    methods = rl_methods(cfg)
+    return cfg.rl.method if cfg.rl.method in methods else methods[0]
+
+
 def rl_seconds(cfg: RunConfig) -> float:
-    """The RL method's training time: its iterations' recorded wall time (also right when the
-    train stage was skipped as complete, or resumed)."""
-    return sum(h["time/iteration_s"] for h in json.loads(history_path(cfg, cfg.rl.method).read_text()))
+    """The training time of :func:`matched_method`: its iterations' recorded wall time (also right
+    when the train stage was skipped as complete, or resumed)."""
+    method = matched_method(cfg)
+    path = history_path(cfg, method)
+    if not path.exists():
+        raise ConfigError(f"the SFT-only control trains for RL's training time, but {method} has no training record "
+                          f"({path}): train it first, or give the control its time (agent-r1 control --seconds)")
+    return sum(h["time/iteration_s"] for h in json.loads(path.read_text()))
