@@ -5,10 +5,12 @@ trainer ends, SIGKILL included.
 `start` runs the command under a watchdog — this file run as a script — that leads a process group
 (a session) of its own holding the command and whatever it starts:
 
-- the watchdog ends the whole group (SIGTERM, then SIGKILL after ``grace_s``, itself last) when the
-  trainer is gone (it polls its parent's pid: ``PR_SET_PDEATHSIG`` on the watchdog would fire
-  when the *thread* that started it ends, e.g. a Prefect task's or a rollout worker's), when it
-  gets SIGTERM, or when the command exits;
+- the watchdog ends the whole group (SIGTERM, then SIGKILL after ``grace_s`` to every other
+  process of it) when the trainer is gone (it polls its parent's pid: ``PR_SET_PDEATHSIG`` on the
+  watchdog would fire when the *thread* that started it ends, e.g. a Prefect task's or a rollout
+  worker's), when it gets SIGTERM, or when the command exits; then it exits with the command's own
+  status: its exit code, or death by the same signal (the returncode of `start`'s process is the
+  command's, e.g. 3, or -15 for a command that SIGTERM ended);
 - the command dies with the watchdog (`die_with`: ``PR_SET_PDEATHSIG``, set by the watchdog's
   one thread), should the watchdog itself be SIGKILLed (a ``pkill -9`` that matches it);
 - `stop` ends the group from the trainer: SIGTERM, then SIGKILL after ``grace_s``, then reaps
@@ -18,7 +20,8 @@ trainer ends, SIGKILL included.
   trainer is gone (the vLLM weights it wrote to ``/dev/shm``), so that its SIGKILL leaves none;
 - ``max_line_bytes``: the command's stdout passes through the watchdog, and a line longer than this
   (a flood without a newline) ends the group, with a line on stderr saying why, instead of
-  being buffered by the reader without limit.
+  being buffered by the reader without limit. Wherever the line falls in a read, every line
+  before it is passed on whole, and of it exactly its first ``max_line_bytes`` bytes.
 
 Code that starts the process itself (the MCP SDK) runs `watched` (the command line) in a session
 of its own. Processes forked by the command (game processes) call `die_with` themselves.
@@ -33,6 +36,7 @@ import ctypes
 import functools
 import glob
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -107,32 +111,95 @@ def _exited(pid: int) -> bool | None:
 
 # ------------------------------------------------------------------------------ the watchdog
 def _relay(pipe: int, limit: int, why: list[str | None]) -> None:
-    """Copy the command's stdout to ours; on a line longer than `limit` bytes, say so in `why` and stop."""
-    line = 0
+    """Copy the command's stdout to ours; on a line longer than `limit` bytes (its newline not
+    counted), pass on the lines before it and its first `limit` bytes, say so in `why` and stop."""
+    line = 0  # bytes of the current line passed on so far
     while chunk := os.read(pipe, 65536):
-        cut = chunk.rfind(b"\n")
-        line = len(chunk) - cut - 1 if cut >= 0 else line + len(chunk)
-        if line > limit:
-            why.append(f"the process wrote a stdout line of more than {limit} bytes")
-            return
+        end, start = len(chunk), 0
+        while start < len(chunk):  # each line (or piece of one) in the chunk
+            newline = chunk.find(b"\n", start)
+            stop = newline if newline >= 0 else len(chunk)
+            if line + stop - start > limit:
+                end = start + limit - line
+                break
+            line, start = (0, newline + 1) if newline >= 0 else (line + stop - start, len(chunk))
         try:
-            view = memoryview(chunk)
+            view = memoryview(chunk)[:end]
             while view:
                 view = view[os.write(1, view):]
         except OSError:  # the reader is gone
             return
+        if end < len(chunk):
+            why.append(f"the process wrote a stdout line of more than {limit} bytes")
+            return
+
+
+def _member(pid: int, group: int) -> tuple[int, int] | None:
+    """(pid, start time) of process `pid` if it is a live (not zombie) member of process group `group`."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ... (the 3rd field of stat on)
+    return (pid, int(fields[19])) if int(fields[2]) == group and fields[0] not in "ZXx" else None
+
+
+def _kill_the_others() -> None:
+    """SIGKILL every other process of this process group, this one spared, scanning /proc until a
+    scan finds none not already killed (a process forked meanwhile is found by the next scan).
+    Each is signalled through a pidfd opened before its group is read, so that a pid reused
+    meanwhile is never signalled. Without pidfds (Python < 3.9, Linux < 5.3): the whole group,
+    this process included."""
+    me, killed = os.getpid(), set()
+    while True:
+        found = set()
+        for pid in (int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != me):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            except (AttributeError, OSError):
+                os.killpg(0, signal.SIGKILL)
+            try:
+                if (key := _member(pid, me)) and key not in killed:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    found.add(key)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+            finally:
+                os.close(fd)
+        if not found:
+            return
+        killed |= found
+
+
+def _exit_as(status: int) -> int:
+    """The exit status that reports the command's `status` (a Popen returncode): itself, or, for a
+    death by signal N, this process's own death by N (without a core file)."""
+    if status >= 0:
+        return status
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(-status, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+        pass
+    os.kill(os.getpid(), -status)
+    return 128 - status  # a signal whose default is not to end a process
 
 
 def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | None, remove: list[str]) -> int:
     """Run `cmd` in this process group until it exits, `parent` dies, SIGTERM comes or (with
-    `max_line_bytes`) its stdout has a line too long; then end the group, this process last."""
+    `max_line_bytes`) its stdout has a line too long; then end the rest of the group and exit with
+    the command's status."""
     why: list[str | None] = []  # why to end the group (None: asked to, by a signal; nothing to say)
     signal.signal(signal.SIGTERM, lambda *_: why.append(None))
     signal.signal(signal.SIGINT, lambda *_: why.append(None))
     child = subprocess.Popen(cmd, close_fds=False, preexec_fn=functools.partial(die_with, os.getpid()),
                              stdout=subprocess.PIPE if max_line_bytes else None)
+    relay = None
     if max_line_bytes:
-        threading.Thread(target=_relay, args=(child.stdout.fileno(), max_line_bytes, why), daemon=True).start()
+        relay = threading.Thread(target=_relay, args=(child.stdout.fileno(), max_line_bytes, why), daemon=True)
+        relay.start()
     try:
         while child.poll() is None and not why and os.getppid() == parent:
             time.sleep(0.1)
@@ -150,8 +217,10 @@ def _watch(parent: int, cmd: list[str], grace_s: float, max_line_bytes: int | No
         if os.getppid() != parent:
             for path in (p for pattern in remove for p in glob.glob(pattern)):
                 shutil.rmtree(path, ignore_errors=True)
-        os.killpg(0, signal.SIGKILL)  # whatever is left of the group (vLLM's engine core too), this process last
-    return 1
+        _kill_the_others()  # whatever is left of the group (vLLM's engine core too)
+    if relay is not None:  # what the command wrote before it ended (the group is gone: the pipe ends)
+        relay.join(grace_s)
+    return _exit_as(child.wait())
 
 
 def _main(argv: list[str]) -> int:

@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from agent_r1 import lifetime
 from tests.procs import children_of, group, group_ends, live, until, watchdogs_of
 
@@ -109,14 +111,52 @@ def test_stop_ends_the_group_even_a_process_that_ignores_sigterm():
     lifetime.stop(proc)  # idempotent: a reaped leader is never signalled
 
 
+MESSAGE = "agent-r1 watchdog: the process wrote a stdout line of more than 4096 bytes; ending its process group"
+
+
 def test_a_stdout_line_without_end_ends_the_group():
-    """A flood without a newline: the watchdog passes on no more than the limit (and a read's
-    worth), says why on stderr and ends the group; lines within the limit pass unchanged."""
+    """A flood without a newline: the watchdog passes on the lines before it and exactly the limit
+    of it, however the two writes fall into reads, says why on stderr and ends the group."""
     flood = "import sys; sys.stdout.write('ok\\n'); sys.stdout.flush(); sys.stdout.write('x' * 10**8)"
     proc = lifetime.start([sys.executable, "-c", flood], max_line_bytes=4096, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=60)
-    assert out.startswith(b"ok\n") and len(out) <= 3 + 4096 + 65536
-    assert err.decode().strip() == "agent-r1 watchdog: the process wrote a stdout line of more than 4096 bytes; " \
-                                   "ending its process group"
+    assert out == b"ok\n" + b"x" * 4096
+    assert err.decode().strip() == MESSAGE
+    assert group_ends(proc.pid)
+
+
+def test_a_long_line_inside_one_read_is_cut_and_the_line_before_it_arrives():
+    """One write of a short line, a 50 KB line and another line: the three may arrive in one
+    read; the long one is cut at the limit wherever it falls, and the command (which SIGTERM
+    ends) reports its own signal."""
+    code = ("import os, time; os.write(1, b'ok\\n' + b'x' * 50_000 + b'\\nnever\\n'); time.sleep(600)")
+    proc = lifetime.start([sys.executable, "-c", code], max_line_bytes=4096, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert out == b"ok\n" + b"x" * 4096
+    assert err.decode().strip() == MESSAGE
+    assert proc.returncode == -signal.SIGTERM and group_ends(proc.pid)
+
+
+def test_lines_across_read_boundaries_pass_whole_and_the_exit_status_is_the_commands():
+    """120 KB of 4,000-byte lines in one write: the watchdog's 64 KiB reads end inside a line, and
+    every line passes; the command's exit status 3 is the watchdog's."""
+    lines = b"".join(bytes([65 + i % 26]) * 3999 + b"\n" for i in range(30))
+    code = f"import os, sys; os.write(1, {lines!r}); sys.exit(3)"
+    proc = lifetime.start([sys.executable, "-c", code], max_line_bytes=4096, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=60)
+    assert (out, err, proc.returncode) == (lines, b"", 3)
+
+
+@pytest.mark.parametrize("code, status", [("import sys; sys.exit(3)", 3), ("", 0),
+                                          ("import os, signal; os.kill(os.getpid(), signal.SIGUSR1)",
+                                           -signal.SIGUSR1)], ids=["exit 3", "exit 0", "SIGUSR1"])
+def test_the_watchdog_reports_the_commands_own_exit_status(code, status):
+    """The watchdog ends what is left of the group (a child of the command, here) without ending
+    itself, and exits as the command did: the owner reads 3, not the -9 of a group SIGKILL."""
+    spawn = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    proc = lifetime.start([sys.executable, "-c", spawn + (code or "pass")], grace_s=0.5)
+    assert proc.wait(timeout=60) == status
     assert group_ends(proc.pid)
