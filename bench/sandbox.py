@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from machine import cpu_snapshot, others_cores
 
-from agent_r1.tools import run_tool
-from agent_r1.tools.python import checked_sandbox, python_tool
+from agent_r1.sandbox import checked_sandbox
+from agent_r1.tools import python_tool, run_tool
 
 FLOOR = [os.path.realpath(sys.executable), "-I", "-S", "-c", "print(1)"]
 

@@ -6,6 +6,7 @@ the sandbox, or in a sandbox built without it), so that the test would fail if t
 
 from __future__ import annotations
 
+import ast
 import errno
 import json
 import os
@@ -18,23 +19,29 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from agent_r1.tools import build_tools, get_tool, run_tool
-from agent_r1.tools.python import (
+from agent_r1.sandbox import (
     SYSCALLS,
     UID_BASE,
     UID_COUNT,
+    Limits,
     SandboxUnavailable,
+    call_cgroup,
+    checked,
     checked_sandbox,
+    delegated_cgroup,
     fork_probe,
+    found_sandbox,
     own_cgroup,
-    python_tool,
 )
+from agent_r1.tools import build_tools, get_tool, python_tool, run_tool
 from tests.procs import live
+from tests.test_structure import import_graph
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET_NAME = "AGENT_R1_TEST_SECRET"
@@ -54,15 +61,25 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 print('readable', *readable)
 print('leaked', *leaked, secret.decode() in str(os.environ))
 """
+# 8 processes that each fill their 64 MB of address space, each saying its OOM ranking first; the
+# first waits for the others, so that every one of them prints before the sandbox ends
 MEMORY_BOMB = """import os
-print(open('/proc/self/oom_score_adj').read().strip(), flush=True)
-for _ in range(31):
+first = True
+for _ in range(7):
     if os.fork() == 0:
+        first = False
         break
+print(open('/proc/self/oom_score_adj').read().strip(), flush=True)
+if first:
+    for _ in range(7):
+        os.wait()
 chunks = []
 while True:
     chunks.append(b'x' * (4 << 20))
 """
+# limits under which the bomb ends in MemoryError alone: the call's cgroup (where there is one)
+# has room for every process's 64 MB, so the kernel's OOM killer never has to choose
+BOMB_LIMITS = {"memory_mb": 64, "max_processes": 16, "call_memory_mb": 1024, "timeout_s": 60}
 FORK_BOMB = ("import os\nprint(os.getuid(), flush=True)\nwhile True:\n    try:\n        os.fork()\n"
              "    except OSError:\n        pass")
 WRITES = """for path in {targets!r}:
@@ -159,31 +176,94 @@ def test_a_memory_bomb_fails_only_its_call():
 
 
 def check_memory_bomb(text: str, reason: str, error: str | None) -> None:
-    assert error is None and text.startswith("1000\n")  # the OOM killer's first pick
-    assert reason in ("out of memory", "killed")  # RLIMIT_AS, or the call's cgroup
+    """Every one of the 8 processes had oom_score_adj 1000 (the OOM killer's first pick), and
+    each ran into its own address-space limit."""
+    assert error is None and reason == "out of memory"
+    assert text.startswith("1000\n" * 8 + "stderr:\n") and text.endswith("\nstopped: out of memory (limit 64 MB)")
 
 
-def test_a_32_process_memory_bomb_fails_its_call_and_the_oom_killer_takes_the_sandbox_first():
-    """32 processes that each fill their address space: the call ends in an error and this process
-    (the trainer) lives. Every sandboxed process has oom_score_adj 1000, and where a cgroup v2 is
-    delegated, the call's cgroup holds them to ``call_memory_mb`` together. The budgets here are
-    small, so the bomb stays under 2.5 GB on any machine."""
-    result = run(MEMORY_BOMB, memory_mb=64, max_processes=40, call_memory_mb=256, timeout_s=30)
+def test_a_multi_process_memory_bomb_fails_its_call_and_the_oom_killer_takes_the_sandbox_first():
+    """8 processes that each fill their address space: the call ends in an out-of-memory
+    observation, every sandboxed process has oom_score_adj 1000, and the next call works."""
+    result = run(MEMORY_BOMB, **BOMB_LIMITS)
     check_memory_bomb(result.text, result.info["reason"], result.error)
-    assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
     assert run("print(6 * 7)").text == "42\n"
 
 
-@pytest.mark.skipif(not (own_cgroup() and os.access(own_cgroup(), os.W_OK)), reason="no writable cgroup v2 folder")
-def test_a_call_runs_in_a_cgroup_of_its_own_removed_after_it():
-    """Where this process's cgroup v2 folder is writable, the call's cgroup is made in it, the
-    sandbox enters it (else the program would not start) and it is gone after the call. The memory
-    and pids limits are written where the folder delegates those controllers."""
-    parent = own_cgroup()
-    sandbox = replace(checked_sandbox(), cgroup=parent)
-    before = {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")}
-    assert sandbox.run("print(6 * 7)").stdout == "42\n"
-    assert {p.name for p in Path(parent).iterdir() if p.name.startswith("agent-r1-sandbox-")} <= before
+# --- the call's cgroup --------------------------------------------------------------------------
+
+def _writable_cgroup() -> bool:
+    return bool(own_cgroup() and os.access(own_cgroup(), os.W_OK) and os.geteuid() == 0)
+
+
+@contextmanager
+def child_cgroup(kind: str | None = None):
+    """A fresh cgroup in this process's own (of cgroup.type `kind`), removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="agent-r1-test-", dir=own_cgroup())
+    try:
+        if kind:
+            Path(folder, "cgroup.type").write_text(kind)
+        yield folder
+    finally:
+        os.rmdir(folder)
+
+
+def _calls_cgroups(folder: str) -> list[str]:
+    return [p.name for p in Path(folder).iterdir() if p.name.startswith("agent-r1-sandbox-")]
+
+
+@pytest.mark.skipif(not _writable_cgroup(), reason="needs root and a writable cgroup v2 folder")
+def test_the_calls_cgroups_are_sought_only_in_this_processs_own_cgroup():
+    """A trainer in a cgroup of its own (a leaf, as in a systemd service) that delegates nothing:
+    no cgroup is made for its calls, not even beside it (outside the limits of what holds it),
+    and the reason names its cgroup."""
+    probe = "from agent_r1.sandbox import delegated_cgroup; print(list(delegated_cgroup()))"
+    with child_cgroup() as leaf:
+        code = f"import os; open({leaf + '/cgroup.procs'!r}, 'w').write(str(os.getpid()))\n{probe}"
+        answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert answer.returncode == 0, answer.stderr
+    folder, why = eval(answer.stdout)
+    assert folder is None and why.startswith(f"this process's cgroup {leaf} delegates no memory and pids controller")
+
+
+@pytest.mark.skipif(not _writable_cgroup(), reason="needs root and a writable cgroup v2 folder")
+@pytest.mark.parametrize("kind", [None, "threaded"], ids=["no memory controller", "threaded"])
+def test_a_cgroup_a_call_cannot_run_in_is_dropped_with_a_warning_naming_the_layer(kind, caplog):
+    """Two folders whose calls' cgroups cannot hold a call: one that delegates no memory controller
+    (a call's memory.max cannot be written; a call would run in a cgroup that holds nothing) and a
+    threaded one (its children are "domain invalid", which no process can enter; the start-up
+    check said "bwrap cannot start it here"). Each is dropped with a warning naming the per-call
+    memory layer and the folder, nothing is left in it, and the sandbox runs without it."""
+    with child_cgroup(kind) as parent:
+        with pytest.raises(OSError):
+            with call_cgroup(parent, Limits()):
+                pass
+        sandbox = checked(replace(found_sandbox(), cgroup=parent))
+        assert _calls_cgroups(parent) == []
+    assert sandbox.cgroup is None and sandbox.run("print(6 * 7)").stdout == "42\n"
+    [warning] = [r.getMessage() for r in caplog.records if "per-call memory" in r.getMessage()]
+    assert warning.startswith("sandbox: the per-call memory layer (a cgroup per call) is missing: a call cannot run "
+                              f"in a cgroup made in {parent} (")
+
+
+@pytest.mark.skipif(delegated_cgroup()[0] is None, reason="this process's cgroup delegates no memory and pids")
+def test_a_calls_cgroup_holds_its_memory_and_processes():
+    """Where this process's cgroup delegates memory and pids: a call's cgroup has memory.max =
+    call_memory_mb and pids.max = max_processes + 2, and 300 MB under a 128 MB budget (and a
+    1 GB address space) end in the OOM killer's SIGKILL, where they pass without the cgroup."""
+    parent = delegated_cgroup()[0]
+    limits = Limits(memory_mb=1024, call_memory_mb=128, max_processes=8, timeout_s=60)
+    with call_cgroup(parent, limits) as folder:
+        assert Path(folder, "memory.max").read_text() == f"{128 << 20}\n"
+        assert Path(folder, "pids.max").read_text() == "10\n"
+    assert not os.path.exists(folder)
+    sandbox = replace(checked_sandbox(), limits=limits)
+    assert sandbox.cgroup == parent
+    code = "print(len(b'x' * (300 << 20)))"
+    outcome = sandbox.run(code)
+    assert (outcome.reason, outcome.signal) == ("killed", "SIGKILL") and _calls_cgroups(parent) == []
+    assert replace(sandbox, cgroup=None).run(code).stdout == f"{300 << 20}\n"
 
 
 def test_the_process_cap_holds_and_a_fork_bomb_fails_only_its_call():
@@ -191,7 +271,7 @@ def test_the_process_cap_holds_and_a_fork_bomb_fails_only_its_call():
              "        print(n, type(e).__name__)\n        break\n    if pid == 0:\n        time.sleep(60)\n"
              "        os._exit(0)\n    n += 1\n")
     assert run(count, max_processes=8).text.split() in (["7", "BlockingIOError"], ["6", "BlockingIOError"])
-    result = run(FORK_BOMB, timeout_s=1, max_processes=16)
+    result = run(FORK_BOMB, timeout_s=3, max_processes=16)
     assert result.info["reason"] == "timed out"
     uid = int(result.text.split()[0])
     if os.geteuid() == 0:
@@ -395,16 +475,18 @@ def test_a_config_entry_builds_the_tool_and_bad_limits_are_refused():
 
 # --- descriptors ----------------------------------------------------------------------------------
 
-def call_with_many_descriptors_open(tool) -> list[str]:
+def call_with_many_descriptors_open(settings: dict) -> list[str]:
     """With 1,100 descriptors open in the trainer (so some are >= 1024, past select()): the
-    observations of a clean call and a timed-out one, and whether this process's descriptors
-    are the same before and after."""
+    observations of a clean call (60 s to start and finish on a busy machine) and of a call that
+    times out (a sleep of 100 s, stopped at 1 s), and whether this process's descriptors are the
+    same before and after."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 2048)), hard))
     opened = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
     try:
         before = sorted(os.listdir("/proc/self/fd"))
-        texts = [run_tool(tool, {"code": code}).text for code in ("print(6 * 7)", "import time; time.sleep(100)")]
+        texts = [run_tool(python_tool(**settings, timeout_s=timeout_s), {"code": code}).text
+                 for code, timeout_s in (("print(6 * 7)", 60), ("import time; time.sleep(100)", 1))]
         return texts + [str(sorted(os.listdir("/proc/self/fd")) == before)]
     finally:
         for fd in opened:
@@ -413,7 +495,7 @@ def call_with_many_descriptors_open(tool) -> list[str]:
 
 
 def test_a_call_works_with_1100_descriptors_open_and_leaks_none():
-    assert call_with_many_descriptors_open(python_tool(timeout_s=1)) == [
+    assert call_with_many_descriptors_open({}) == [
         "42\n", "stopped: timed out after 1 s", "True"]
 
 
@@ -467,8 +549,7 @@ def test_a_bubblewrap_older_than_0_7_is_refused_with_both_versions(tmp_path):
 # --- as an unprivileged user ----------------------------------------------------------------------
 
 _UNPRIVILEGED_TRAINER = """import json, os, sys
-from agent_r1.tools import run_tool
-from agent_r1.tools.python import SandboxUnavailable, python_tool
+from agent_r1.tools import SandboxUnavailable, python_tool, run_tool
 from tests.test_sandbox import call_with_many_descriptors_open
 uid, programs = int(sys.argv[1]), json.loads(sys.stdin.read())
 os.setgroups([])
@@ -484,7 +565,7 @@ out = {'default': default, 'own python readable': os.access(os.path.realpath(sys
 for name, (code, limits) in programs.items():
     result = run_tool(python_tool(**settings, **limits), {'code': code})
     out[name] = [result.text, result.info.get('reason'), result.error]
-out['descriptors'] = call_with_many_descriptors_open(python_tool(**settings, timeout_s=1))
+out['descriptors'] = call_with_many_descriptors_open(settings)
 print(json.dumps(out))
 """
 
@@ -505,9 +586,8 @@ def test_as_an_unprivileged_user(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as server:
         programs = {
             "environ": (ENVIRON_PROBE.format(secret=secret), {}),
-            "memory bomb": (MEMORY_BOMB, {"memory_mb": 64, "max_processes": 40, "call_memory_mb": 256,
-                                          "timeout_s": 30}),
-            "fork bomb": (FORK_BOMB, {"timeout_s": 1, "max_processes": 16}),
+            "memory bomb": (MEMORY_BOMB, BOMB_LIMITS),
+            "fork bomb": (FORK_BOMB, {"timeout_s": 3, "max_processes": 16}),
             "after": ("print('next')", {}),
             "writes": (WRITES.format(targets=targets), {}),
             "network": (NETWORK.format(port=server.getsockname()[1]), {}),
@@ -528,3 +608,20 @@ def test_as_an_unprivileged_user(tmp_path):
     assert not any(Path(t).exists() for t in targets) and os.listdir(shared) == []
     assert out["network"][0] == "tcp ConnectionRefusedError\n"
     assert out["descriptors"] == ["42\n", "stopped: timed out after 1 s", "True"]
+
+
+# --- the package ----------------------------------------------------------------------------------
+
+def test_the_sandbox_stands_alone_and_the_python_tool_holds_only_the_tool():
+    """agent_r1.sandbox imports no other part of agent_r1 (a tool or a server can use it without
+    the python tool), and the python tool starts no process and reads no descriptor itself."""
+    graph = import_graph(deferred=True)
+    sandbox = {name: deps for name, deps in graph.items() if name.split(".")[:2] == ["agent_r1", "sandbox"]}
+    assert len(sandbox) >= 8 and "agent_r1.sandbox.core" in sandbox
+    outside = {d for deps in sandbox.values() for d in deps if d.split(".")[:2] != ["agent_r1", "sandbox"]}
+    assert outside == set()
+    assert "agent_r1.sandbox" in graph["agent_r1.tools.python"]
+    tree = ast.parse((REPO / "agent_r1" / "tools" / "python.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+        {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported & {"subprocess", "select", "selectors", "fcntl", "signal", "struct", "ctypes", "json"} == set()
