@@ -217,13 +217,13 @@ def test_the_calls_cgroups_are_sought_only_in_this_processs_own_cgroup():
     """A trainer in a cgroup of its own (a leaf, as in a systemd service) that delegates nothing:
     no cgroup is made for its calls, not even beside it (outside the limits of what holds it),
     and the reason names its cgroup."""
-    probe = "from agent_r1.sandbox import delegated_cgroup; print(list(delegated_cgroup()))"
+    probe = "import json; from agent_r1.sandbox import delegated_cgroup; print(json.dumps(delegated_cgroup()))"
     with child_cgroup() as leaf:
         code = f"import os; open({leaf + '/cgroup.procs'!r}, 'w').write(str(os.getpid()))\n{probe}"
         answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
     assert answer.returncode == 0, answer.stderr
-    folder, why = eval(answer.stdout)
+    folder, why = json.loads(answer.stdout)
     assert folder is None and why.startswith(f"this process's cgroup {leaf} delegates no memory and pids controller")
 
 

@@ -79,7 +79,8 @@ def python_tool(timeout_s: float = 10.0, cpu_s: int = 10, memory_mb: int = 512, 
     if not (isinstance(max_output_chars, int) and max_output_chars >= 200):
         raise ValueError(f"python tool: max_output_chars must be a whole number >= 200, got {max_output_chars!r}")
     try:  # the sandbox keeps 4 bytes a character of each stream: UTF-8's widest
-        limits = Limits(timeout_s, cpu_s, memory_mb, max_processes, disk_mb, call_memory_mb, 4 * max_output_chars)
+        limits = Limits(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_processes=max_processes,
+                        disk_mb=disk_mb, call_memory_mb=call_memory_mb, output_bytes=4 * max_output_chars)
     except ValueError as e:
         raise ValueError(f"python tool: {e}") from None
     concurrency = (os.cpu_count() or 1) if max_concurrency is None else max_concurrency
