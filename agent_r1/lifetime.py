@@ -158,7 +158,7 @@ def _kill_the_others() -> None:
                 fd = os.pidfd_open(pid)
             except ProcessLookupError:
                 continue
-            except (AttributeError, OSError):
+            except (AttributeError, OSError):  # no pidfds: the whole group; this process ends here
                 os.killpg(0, signal.SIGKILL)
             try:
                 if (key := _member(pid, me)) and key not in killed:
