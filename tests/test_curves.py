@@ -53,7 +53,11 @@ def test_the_rft_update_is_an_sft_step_on_the_kept_episodes_action_tokens(tok, m
     rft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3, kl_coef=0.1), precision="fp32")
     sft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3), precision="fp32")
     batch = build_train_batch(rft, trajs, RLConfig(algorithm="rft", rft_threshold=1.0), tok.pad_token_id)
+    rows_run = []  # the rows of every forward pass: the kept ones alone
+    hook = rft.model.get_input_embeddings().register_forward_pre_hook(lambda m, args: rows_run.append(len(args[0])))
     stats = _rft_update(rft, batch)
+    hook.remove()
+    assert sum(rows_run) == int((batch.loss_mask.sum(1) > 0).sum()) < len(batch)
     reference = sft.sft_step(batch_of(kept, tok.pad_token_id))
     assert stats["rft/nll"] == pytest.approx(reference["sft_loss"], rel=1e-5)
     after, expected = state(rft.model), state(sft.model)
