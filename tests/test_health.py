@@ -15,7 +15,7 @@ from agent_r1.config import ConfigError, HealthConfig, RLConfig, load_config
 from agent_r1.context import ContextManager
 from agent_r1.envs import ToolEnv
 from agent_r1.learner import Learner, LearnerConfig
-from agent_r1.pipeline.health import alarms, hung_share, needs_a_look, raised
+from agent_r1.pipeline.health import alarms, first_chances, hung_share, needs_a_look, raised
 from agent_r1.pipeline.record import StageLog
 from agent_r1.pipeline.rl_driver import RLFiles, RLTrainer
 from agent_r1.rollout import HFEngine, SamplingParams, ScriptedEngine, run_episodes
@@ -118,6 +118,26 @@ def test_the_thresholds_are_checked_and_do_not_change_what_a_resume_compares():
     a = load_config("tiny", ROOT / "pipelines.yaml")
     b = load_config("tiny", ROOT / "pipelines.yaml", {"health": {"patience": 1, "reward_gap": None}})
     assert RLFiles.of(a).fingerprint == RLFiles.of(b).fingerprint
+
+
+def test_the_docs_say_when_each_shipped_pipelines_alarms_can_be_raised():
+    """docs/health.md's table: for every pipeline of pipelines.yaml, each alarm's first iteration or "no"
+    (with why), as :func:`first_chances` computes it from the config."""
+    import yaml
+
+    rows = {}
+    for line in (ROOT / "docs" / "health.md").read_text().split("## In the shipped pipelines")[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `"):
+            rows[cells[0].strip("`")] = cells[1:]
+    names = yaml.safe_load((ROOT / "pipelines.yaml").read_text())["pipelines"]
+    assert set(rows) == set(names)
+    for name in names:
+        cfg = load_config(name, ROOT / "pipelines.yaml")
+        iterations, *cells = rows[name]
+        assert int(iterations) == cfg.rl.iterations, name
+        for cell, (alarm, first) in zip(cells, first_chances(cfg).items(), strict=True):
+            assert (cell.startswith("no: ") if first is None else cell.split()[0] == str(first)), (name, alarm, cell)
 
 
 # ------------------------------------------------------------------------------- a run

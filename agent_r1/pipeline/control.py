@@ -31,8 +31,8 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     """SFT alone for ``seconds`` (default: :func:`rl_seconds`) more from the SFT checkpoint;
     writes ``checkpoints/sft_control``. With RL's held-out curve (``eval.every``), the control's
     curve (``metrics/heldout/sft_control.json``): RL's point at iteration 0 when RL started from the
-    same SFT checkpoint, else (``rl.init_from``) one of its own start, then a point on the same tasks wherever its training time (the curve's own left out) reaches
-    the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
+    same SFT checkpoint, else (``rl.init_from``) one of its own start, then a point on the same tasks
+    wherever its training time (the curve's own left out) reaches the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
     RL's episodes."""
     if seconds is None:
         seconds = rl_seconds(cfg)

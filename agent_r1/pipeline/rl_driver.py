@@ -11,8 +11,9 @@ pipeline config with :meth:`RLTrainer.from_config`.
 
 What an estimator needs (a critic, groups, its settings) comes from its registry entry
 (:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here. The method ``rft``
-(rejection-sampling fine-tuning) runs in the same loop: the same episodes, then an SFT step on the
-action tokens of those whose final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
+(rejection-sampling fine-tuning) runs in the same loop: episodes of the same tasks (every method of
+a run draws the same tasks each iteration), then an SFT step on the action tokens of those whose
+final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
 
 With ``eval.every`` the trainer draws the held-out curve: at iteration 0 (the start model), every
 ``eval.every`` iterations and at the last, greedy episodes on the same held-out tasks
