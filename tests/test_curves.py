@@ -194,3 +194,9 @@ def test_the_control_gets_points_on_the_same_tasks_at_rl_s_shares_of_its_time(tm
     assert points[0] == rl[0]  # the SFT start, RL's iteration 0
     assert [(p["episodes"], p["wall_s"]) for p in points[1:]] == [(8, 0.5), (16, 1.0)]
     assert all(0.0 <= p["em"] <= 1.0 and p["eval_s"] > 0 for p in points[1:])
+    # RL started from another model (rl.init_from): the control's start, the SFT checkpoint, is a point of its own
+    control(tiny_cfg(tmp_path, "sft.epochs=0.05", "eval.every=1", "data.val_per_type=1", "eval.curve_size=2",
+                     f"rl.init_from={tmp_path / 'elsewhere'}"))
+    own = json.loads(curve_path(cfg, "sft_control").read_text())
+    assert own[0] != rl[0] and (own[0]["iteration"], own[0]["episodes"], own[0]["wall_s"]) == (0, 0, 0.0)
+    assert own[0]["eval_s"] > 0 and len(own) == 3
