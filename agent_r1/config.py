@@ -200,7 +200,7 @@ class RLConfig(_Strict):
     algorithm: str = "grpo"  # an advantage estimator name (see agent_r1.algorithms)
     """Advantage estimator: a name registered in agent_r1.algorithms (grpo, gae, reinforce_pp, rloo, gigpo, ...) or the
     import path of a function registered with @register_advantage (`module:fn`, `path/to/file.py:fn`); or `rft`:
-    rejection-sampling fine-tuning on the same episodes (see `rft_threshold`)."""
+    rejection-sampling fine-tuning on episodes of the same tasks (see `rft_threshold`)."""
 
     @field_validator("algorithm")
     @classmethod
@@ -359,15 +359,16 @@ class HealthConfig(_Strict):
     """Alarm `format_errors` (invalid tool calls in a row): the share of turns with a format error (bad call syntax,
     unknown tool, bad arguments; metric format_error_rate) is at least this, `patience` iterations in a row."""
     tool_use_drop: float | None = Field(0.5, gt=0, le=1)
-    """Alarm `tool_collapse` (tool use collapsing): tool calls per episode (metric tool_calls; turns for an
-    environment that does not count them) stay below this fraction of their mean over the first `baseline_iterations`
-    iterations, `patience` iterations in a row."""
+    """Alarm `tool_collapse` (tool use collapsing): tool calls per episode (metric tool_calls) stay below this
+    fraction of their mean over the first `baseline_iterations` iterations, `patience` iterations in a row. Not
+    applicable where the episodes call no tool (an environment without tools, e.g. textworld): never raised there."""
     baseline_iterations: int = Field(3, ge=1)
     """The first iterations whose tool use is the level tool_use_drop compares with."""
     reward_gap: float | None = Field(0.2, gt=0)
     """Alarm `reward_divergence` (held-out and training reward moving apart): at a held-out point (metric
     heldout/reward), the training reward (reward_mean, averaged since the previous held-out point) minus the held-out
-    reward has grown by more than this since the first held-out point. Without held-out points it is never raised."""
+    reward has grown by more than this since the first held-out point, the start model's (against the first
+    iteration's training reward). Without a held-out curve (eval.every) it is never raised."""
     hung_episode_rate: float | None = Field(0.1, ge=0, le=1)
     """Alarm `hung_episodes` (episodes that hang): the share of episodes in which a tool call was stopped by its
     timeout or which the environment ended with an error (e.g. a game engine that did not answer in time; metric
@@ -411,8 +412,8 @@ class RunConfig(_Strict):
     # budget and seed: names as reported (ppo, grpo, reinforce_pp, reinforce_pp_baseline, rloo,
     # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
     methods: list[str] = []
-    """A comparison: RL methods trained from the same SFT start with the same budget (grpo, ppo, rloo,
-    <method>_no_loss_mask, ...); empty: only rl.algorithm."""
+    """A comparison: RL methods trained from the same SFT start with the same budget, on the same tasks in every
+    iteration (grpo, ppo, rloo, <method>_no_loss_mask, ...); empty: only rl.algorithm."""
 
     @field_validator("output_dir")
     @classmethod

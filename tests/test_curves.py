@@ -53,7 +53,11 @@ def test_the_rft_update_is_an_sft_step_on_the_kept_episodes_action_tokens(tok, m
     rft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3, kl_coef=0.1), precision="fp32")
     sft = Learner(make_model(seed=2), LearnerConfig(lr=1e-3), precision="fp32")
     batch = build_train_batch(rft, trajs, RLConfig(algorithm="rft", rft_threshold=1.0), tok.pad_token_id)
+    rows_run = []  # the rows of every forward pass: the kept ones alone
+    hook = rft.model.get_input_embeddings().register_forward_pre_hook(lambda m, args: rows_run.append(len(args[0])))
     stats = _rft_update(rft, batch)
+    hook.remove()
+    assert sum(rows_run) == int((batch.loss_mask.sum(1) > 0).sum()) < len(batch)
     reference = sft.sft_step(batch_of(kept, tok.pad_token_id))
     assert stats["rft/nll"] == pytest.approx(reference["sft_loss"], rel=1e-5)
     after, expected = state(rft.model), state(sft.model)
@@ -190,3 +194,9 @@ def test_the_control_gets_points_on_the_same_tasks_at_rl_s_shares_of_its_time(tm
     assert points[0] == rl[0]  # the SFT start, RL's iteration 0
     assert [(p["episodes"], p["wall_s"]) for p in points[1:]] == [(8, 0.5), (16, 1.0)]
     assert all(0.0 <= p["em"] <= 1.0 and p["eval_s"] > 0 for p in points[1:])
+    # RL started from another model (rl.init_from): the control's start, the SFT checkpoint, is a point of its own
+    control(tiny_cfg(tmp_path, "sft.epochs=0.05", "eval.every=1", "data.val_per_type=1", "eval.curve_size=2",
+                     f"rl.init_from={tmp_path / 'elsewhere'}"))
+    own = json.loads(curve_path(cfg, "sft_control").read_text())
+    assert own[0] != rl[0] and (own[0]["iteration"], own[0]["episodes"], own[0]["wall_s"]) == (0, 0, 0.0)
+    assert own[0]["eval_s"] > 0 and len(own) == 3

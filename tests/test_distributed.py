@@ -316,3 +316,50 @@ def test_optimizer_offload_uses_deepspeeds_cpu_adam_and_trains(make_model, tok):
     matrices = {k for k, p in learner.model.named_parameters() if p.dim() == 2}
     moved = {k for k, p in learner.model.named_parameters() if not torch.equal(before[k], p.detach().float())}
     assert matrices and matrices <= moved, sorted(matrices - moved)
+
+
+KEYED = """
+import json, os, sys
+from datetime import timedelta
+from types import SimpleNamespace
+import torch.distributed as dist
+from agent_r1.config import RLConfig
+from agent_r1.learner.distributed import rank
+from agent_r1.pipeline.rl_driver import build_train_batch
+from agent_r1.trajectory import Step, Trajectory
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a rank left waiting fails instead of hanging
+
+def episode(group, final, key):  # one step, starting from the state `key` (None: the environment gives none)
+    return Trajectory(task_id=f"t{group}", group_id=group, steps=[Step([11, 12], [30], [-0.5], state_key=key)],
+                      final_reward=final)
+
+# rank 0: a group whose two steps start from one state; rank 1: steps without state keys (say episodes that ended
+# before a keyed step), then the next all-reduce of the batch (dynamic sampling's)
+trajs = [episode(0, 1.0, "s"), episode(0, 0.0, "s")] if rank() == 0 else [episode(1, 1.0, None), episode(1, 1.0, None)]
+batch = build_train_batch(SimpleNamespace(critic=None, single_step=True, reference=None), trajs,
+                          RLConfig(dynamic_sampling=True), 0)
+open(os.path.join(sys.argv[1], f"rank{rank()}.json"), "w").write(json.dumps(batch.info))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two processes of torch: ~10 s
+@pytest.mark.timeout(300)
+def test_every_rank_enters_the_shared_state_all_reduce_with_keyed_steps_or_none(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", KEYED, str(tmp_path)], cwd=ROOT,
+                              env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # every rank: rank 0's 2 shared steps of the 2 keyed steps; one of the 2 groups with equal rewards
+    assert infos[0] == infos[1] == {"rollout/shared_state_steps": 1.0, "dapo/zero_variance_groups": 0.5}

@@ -187,3 +187,26 @@ def test_a_registered_estimator_and_loss_need_no_edit_to_run(centred_estimator, 
     assert CALLS[0] == ("advantage", 2.0) and set(CALLS[1:]) == {("loss", "token-mean", 0.3)}
     assert stats["iteration"] == 1 and "policy/pg_loss" in stats
     assert any(not torch.equal(before[k], v) for k, v in learner.model.state_dict().items())
+
+
+# ------------------------------------------------------------------------------- paired methods
+
+
+def test_the_methods_of_a_run_draw_the_same_tasks_whatever_their_updates_draw(tok, make_model):
+    """As ``methods: [grpo, rft]`` trains them (one seed, one trainer after the other): GRPO's update
+    draws the permutation of its two mini-batches of every row, RFT's SFT step on the kept rows draws
+    nothing; in each of 3 iterations both sample the same tasks."""
+    tasks = [{"id": str(i), "prompt": p} for i, p in enumerate(["go", "write", "say", "tell", "show", "give"])]
+    drawn = {}
+    for cfg in (RLConfig(algorithm="grpo", group_size=2, tasks_per_iteration=2),
+                RLConfig(algorithm="rft", rft_threshold=0.05, group_size=2, tasks_per_iteration=2)):
+        learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-3, mini_batches=2), precision="fp32")
+        trainer = RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), LetterEnv, tasks,
+                            ContextManager(tok), cfg, max_new_tokens=6, max_context_tokens=256, seed=0)
+        drawn[trainer.method] = []
+        for _ in range(3):
+            stats = trainer.step()
+            drawn[trainer.method].append([t["id"] for t in trainer.batch_tasks])
+        assert stats["update/tokens"] > 0  # each trained on its own rows
+    assert drawn["grpo"] == drawn["rft"], drawn
+    assert len({tuple(ids) for ids in drawn["grpo"]}) > 1  # and the draws change from iteration to iteration

@@ -95,20 +95,15 @@ def test_the_curriculum_refuses_rollouts_ahead():
 
 
 class Half(ToolEnv):
-    """One turn. An "easy" task always pays 1; another pays 1 to every second episode started."""
-
-    started = 0
+    """One turn. An "easy" task always pays 1; another pays 1 to an episode whose turn has an odd number
+    of characters: a reward of the episode's own (not of the order in which the rollout's threads start
+    episodes, nor of how many episodes ran before in this process)."""
 
     def __init__(self):
         super().__init__([], max_turns=1)
 
-    def reset(self, task):
-        Half.started += 1
-        self.serial = Half.started
-        return super().reset(task)
-
     def final_reward(self, answer, action_text):
-        return (1.0 if self.task["easy"] or self.serial % 2 else 0.0), {}
+        return (1.0 if self.task["easy"] or len(action_text) % 2 else 0.0), {}
 
 
 def test_a_resumed_run_draws_what_the_uninterrupted_one_draws(tok, make_model, tmp_path):

@@ -47,6 +47,13 @@ class Sampled:
     engine_stats: dict
 
 
+def iteration_generator(seed: int, j: int) -> torch.Generator:
+    """Iteration ``j``'s own generator in a run seeded ``seed``: its tasks are drawn from it (by every
+    method of the run alike, whatever their updates draw), and, ahead of the learner, its sampling
+    seeds."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + j)
+
+
 class RolloutsAhead:
     """Samples iterations ``start``, ``start + 1``, ... ``stop - 1`` ahead of the learner with
     ``sample(j, generator) -> (trajs, tasks)`` on ``engine`` (a :class:`~agent_r1.rollout.vllm_engine.VLLMEngine`
@@ -148,4 +155,4 @@ class RolloutsAhead:
         return self.sample(j, self._generator(j))
 
     def _generator(self, j: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+        return iteration_generator(self.seed, j)

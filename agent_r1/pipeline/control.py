@@ -30,9 +30,9 @@ class _TimeUp(Exception):
 def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | None = None) -> Path:
     """SFT alone for ``seconds`` (default: :func:`rl_seconds`) more from the SFT checkpoint;
     writes ``checkpoints/sft_control``. With RL's held-out curve (``eval.every``), the control's
-    curve (``metrics/heldout/sft_control.json``): RL's point at iteration 0 (the same SFT model),
-    then a point on the same tasks wherever its training time (the curve's own left out) reaches
-    the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
+    curve (``metrics/heldout/sft_control.json``): RL's point at iteration 0 when RL started from the
+    same SFT checkpoint, else (``rl.init_from``) one of its own start, then a point on the same tasks
+    wherever its training time (the curve's own left out) reaches the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
     RL's episodes."""
     if seconds is None:
         seconds = rl_seconds(cfg)
@@ -45,10 +45,15 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     rl_curve = _rl_curve(cfg)
-    curve, due = rl_curve[:1], rl_curve[1:]  # RL's iteration 0 is this model too
+    due = rl_curve[1:]
     rl_wall = max((p["wall_s"] for p in rl_curve), default=0.0) or 1.0
     rl_episodes = max((p["episodes"] for p in rl_curve), default=0)  # x: the same share of RL's episodes
-    tasks = curve_tasks(cfg) if due else []
+    tasks = curve_tasks(cfg) if rl_curve else []
+    if rl_curve and cfg.rl.init_from:  # RL started from another model: the control's start is its own point
+        start = heldout_point(agent, tasks, progress, "heldout sft_control @ 0%")
+        curve = [{"iteration": 0, "episodes": 0, "wall_s": 0.0, **start}]
+    else:
+        curve = rl_curve[:1]  # RL's iteration 0 is this model too
     seed, t0, held_s = cfg.seed, time.perf_counter(), 0.0
 
     def trained_s() -> float:  # training time so far, the curve's evaluations left out

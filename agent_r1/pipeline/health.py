@@ -9,15 +9,20 @@ section (null turns it off):
 - ``format_errors``: invalid tool calls in a row, ``format_error_rate`` ≥ ``health.format_error_rate``
   for ``health.patience`` iterations;
 - ``tool_collapse``: tool calls per episode below ``health.tool_use_drop`` × their level over the
-  first ``health.baseline_iterations`` iterations, for ``health.patience`` iterations;
+  first ``health.baseline_iterations`` iterations, for ``health.patience`` iterations; not
+  applicable (never raised) where the episodes call no tools then (an environment without tools:
+  TextWorld's commands are no tool calls);
 - ``reward_divergence``: the training reward minus the held-out reward (``heldout/reward``, where the
-  iteration has one) grown by more than ``health.reward_gap`` since the first held-out point;
+  iteration has one) grown by more than ``health.reward_gap`` since the first held-out point: the
+  start model's (``heldout/start_reward`` in the first iteration's metrics, paired with that
+  iteration's training reward, sampled from the same model);
 - ``hung_episodes``: the share of episodes stopped by a timeout or an environment error ≥
   ``health.hung_episode_rate`` for ``health.patience`` iterations.
 
 An alarm raised for the first time is logged as a warning naming its setting, and the run's MLflow
 tag ``health_alarms`` lists every alarm raised so far; :func:`raised` reads them back from a history
 (the pipeline's result, which the Prefect flow turns into its "needs a look" state).
+:func:`first_chances` says at which iteration each alarm can first be raised in a run of a config.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from __future__ import annotations
 import logging
 import statistics
 
-from agent_r1.config import HealthConfig
+from agent_r1.config import HealthConfig, RunConfig
+from agent_r1.envs.registry import get_env
 from agent_r1.learner.distributed import is_main
 from agent_r1.pipeline.record import StageLog
 from agent_r1.trajectory import Trajectory
@@ -33,6 +39,7 @@ from agent_r1.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 HELDOUT_REWARD = "heldout/reward"  # the held-out reward of the iterations that evaluate it
+HELDOUT_START = "heldout/start_reward"  # the start model's held-out reward, in the first iteration's metrics
 TAG = "health_alarms"  # the MLflow tag: the alarms raised so far, comma-separated
 
 
@@ -60,12 +67,11 @@ def _tool_collapse(history: list[dict], cfg: HealthConfig) -> str | None:
     drop, n = cfg.tool_use_drop, cfg.baseline_iterations
     if drop is None or len(history) < n + cfg.patience:
         return None
-    key = "tool_calls" if "tool_calls" in history[0] else "turns"
-    level = statistics.fmean(h.get(key, 0.0) for h in history[:n])
-    last = [h.get(key, 0.0) for h in history[-cfg.patience:]]
-    if not level > 0 or max(last) >= drop * level:
+    level = statistics.fmean(h.get("tool_calls", 0.0) for h in history[:n])
+    last = [h.get("tool_calls", 0.0) for h in history[-cfg.patience:]]
+    if not level > 0 or max(last) >= drop * level:  # no tools called (none to call): not applicable
         return None
-    return (f"{key.replace('_', ' ')} per episode fell to {last[-1]:.2f}, below {drop:g} × {level:.2f} (their level in "
+    return (f"tool calls per episode fell to {last[-1]:.2f}, below {drop:g} × {level:.2f} (their level in "
             f"the first {n} iterations) for {cfg.patience} iterations in a row (health.tool_use_drop: {drop:g})")
 
 
@@ -73,6 +79,8 @@ def _reward_divergence(history: list[dict], cfg: HealthConfig) -> str | None:
     points, since = [], []  # (training reward since the previous held-out point, held-out reward)
     for h in history:
         since.append(h["reward_mean"])
+        if HELDOUT_START in h:  # the start model: its training reward is this iteration's, sampled from it
+            points.append((h["reward_mean"], h[HELDOUT_START]))
         if HELDOUT_REWARD in h:
             points.append((statistics.fmean(since), h[HELDOUT_REWARD]))
             since = []
@@ -95,6 +103,19 @@ def _hung_episodes(history: list[dict], cfg: HealthConfig) -> str | None:
 
 CHECKS = {"format_errors": _format_errors, "tool_collapse": _tool_collapse, "reward_divergence": _reward_divergence,
           "hung_episodes": _hung_episodes}
+
+
+def first_chances(cfg: RunConfig) -> dict[str, int | None]:
+    """For each alarm, the first iteration at which a run of ``cfg`` can raise it, or None when it cannot
+    within ``rl.iterations``: its threshold is off, the run is shorter than the iterations it needs, it
+    has no held-out curve (``reward_divergence``), or its environment has no tools (``tool_collapse``)."""
+    h, every = cfg.health, cfg.curve_every
+    tools = cfg.env.tools if cfg.env.tools is not None else get_env(cfg.env.name).DEFAULT_TOOLS
+    first = {"format_errors": h.patience if h.format_error_rate is not None else None,
+             "tool_collapse": h.baseline_iterations + h.patience if h.tool_use_drop is not None and tools else None,
+             "reward_divergence": min(every, cfg.rl.iterations) if h.reward_gap is not None and every else None,
+             "hung_episodes": h.patience if h.hung_episode_rate is not None else None}
+    return {name: it if it is not None and it <= cfg.rl.iterations else None for name, it in first.items()}
 
 
 def alarms(history: list[dict], cfg: HealthConfig) -> dict[str, str]:

@@ -11,8 +11,9 @@ pipeline config with :meth:`RLTrainer.from_config`.
 
 What an estimator needs (a critic, groups, its settings) comes from its registry entry
 (:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here. The method ``rft``
-(rejection-sampling fine-tuning) runs in the same loop: the same episodes, then an SFT step on the
-action tokens of those whose final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
+(rejection-sampling fine-tuning) runs in the same loop: episodes of the same tasks (every method of
+a run draws the same tasks each iteration), then an SFT step on the action tokens of those whose
+final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
 
 With ``eval.every`` the trainer draws the held-out curve: at iteration 0 (the start model), every
 ``eval.every`` iterations and at the last, greedy episodes on the same held-out tasks
@@ -41,6 +42,7 @@ from agent_r1.learner import Learner, ValueModel
 from agent_r1.learner.distributed import all_reduce, any_rank, gathered, is_main
 from agent_r1.models import load_model
 from agent_r1.pipeline import health
+from agent_r1.pipeline.ahead import RolloutsAhead, iteration_generator
 from agent_r1.pipeline.curriculum import Curriculum
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
@@ -60,7 +62,9 @@ log = logging.getLogger(__name__)
 # One function per phase of an RL iteration. RLTrainer.step calls them through a Runner: directly,
 # or (the Prefect flow) as tasks named after them.
 def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
-    """This iteration's tasks (``tasks_per_iteration``, drawn with the trainer's generator) and
+    """This iteration's tasks (``tasks_per_iteration``, drawn with the iteration's own generator,
+    :func:`~agent_r1.pipeline.ahead.iteration_generator`: every method of a run, and a resumed run,
+    draws the same tasks at the same iteration, whatever its updates draw) and
     ``group_size`` sampled episodes of each; episodes of one task share a group id. With N ranks,
     this rank's shards of the tasks (:func:`~agent_r1.pipeline.ranks.rollout_shards`). A rollout
     engine that dies is restarted once and the batch retried with the same seeds
@@ -73,7 +77,7 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
         trainer.batch_tasks, trainer.rollout_s, trainer.engine_stats = got.tasks, got.rollout_s, got.engine_stats
         trainer.rollout_wait_s = time.perf_counter() - trainer.t_start
         return got.trajs
-    trainer.batch_tasks = _draw_tasks(trainer, trainer.rng)
+    trainer.batch_tasks = _draw_tasks(trainer, iteration_generator(trainer.seed, trainer.iteration))
     rng = torch.get_rng_state()
 
     def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process), from the same seeds
@@ -169,8 +173,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
         trajs = [replace(t, steps=[replace(s, reward=0.0) for s in t.steps]) for t in trajs]
     info = {}
     keyed = Counter((t.group_id, s.state_key) for t in trajs for s in t.steps if s.state_key is not None)
-    if keyed:
-        shared, n = all_reduce([sum(c for c in keyed.values() if c > 1), keyed.total()])
+    shared, n = all_reduce([sum(c for c in keyed.values() if c > 1), keyed.total()])  # every rank, keyed steps or not
+    if n:
         info["rollout/shared_state_steps"] = shared / n
     if cfg.dynamic_sampling:
         rewards: dict[int, set[float]] = {}
@@ -254,13 +258,13 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
 
 
 def _rft_update(learner: Learner, batch: TrainBatch) -> dict:
-    """RFT's update: one SFT step on this rank's rows (plain NLL on the kept action tokens: no
-    ratio, no clipping, no KL); none when no rank kept an episode."""
+    """RFT's update: one SFT step on this rank's kept rows (plain NLL on their action tokens: no
+    ratio, no clipping, no KL), the only rows it runs; none when no rank kept an episode."""
     kept = batch.loss_mask.sum(1) > 0
     tokens = float(batch.attention_mask[kept].sum())
     if not any_rank(bool(kept.any())):
         return {"update/tokens": 0}
-    stats = learner.sft_step(batch, rows=torch.arange(len(batch)))
+    stats = learner.sft_step(batch, rows=kept.nonzero().squeeze(1))
     return {"rft/nll": stats["sft_loss"], "update/tokens": int(all_reduce([tokens])[0])}
 
 
@@ -284,13 +288,16 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
              "time/iteration_s": time.perf_counter() - trainer.t_start}
     if cfg.algorithm == RFT:
         stats["rft/kept_fraction"] = sum(rft_kept(t, cfg) for t in trajs) / len(trajs)
+    start = [p for p in trainer.curve if p["iteration"] == 0 and "reward" in p] if it == 1 else []
+    if start:  # the start model's held-out reward: the alarms' first held-out point (this iteration sampled from it)
+        stats[health.HELDOUT_START] = start[0]["reward"]
     if trainer.curve_due():  # logged at step = episodes seen; the history keeps the held-out reward for health
         point = trainer.heldout_point(stats["time/iteration_s"])
         if "reward" in point:
             stats[health.HELDOUT_REWARD] = point["reward"]
     stats = health.watch(trainer.history, stats, trajs, trainer.health, trainer.log)
     trainer.history.append(stats)
-    trainer.log.metrics({k: v for k, v in stats.items() if k != health.HELDOUT_REWARD}, it)
+    trainer.log.metrics({k: v for k, v in stats.items() if k not in (health.HELDOUT_REWARD, health.HELDOUT_START)}, it)
     if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
         trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
         if trainer.files is not None and is_main():
@@ -367,8 +374,9 @@ class RLTrainer:
     ``learner`` trains the policy that ``engine`` samples from (an :class:`HFEngine` shares the
     learner's weights; a vLLM engine gets a copy of them at every sync, after each update);
     ``make_env()`` gives a fresh environment per episode; each iteration samples
-    ``cfg.tasks_per_iteration`` of ``tasks`` (with the trainer's generator, seeded by
-    ``seed``) and ``cfg.group_size`` episodes of each. With ``files``, every
+    ``cfg.tasks_per_iteration`` of ``tasks`` (with a generator of its own, seeded by ``seed`` and
+    the iteration) and ``cfg.group_size`` episodes of each; the trainer's generator (seeded by
+    ``seed``) draws the updates' mini-batches. With ``files``, every
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
     the agent and its metrics. ``health`` holds the thresholds of the run's alarms.
@@ -440,6 +448,10 @@ class RLTrainer:
         if cfg.curve_every:
             held = curve_tasks(cfg)
             heldout = lambda progress, label: heldout_point(agent, held, progress, label)  # noqa: E731
+        never = [name for name, it in health.first_chances(cfg).items() if it is None]
+        if never:
+            log.info("RL %s: health alarms that cannot be raised in %d iterations: %s (docs/health.md)", cfg.rl.method,
+                     cfg.rl.iterations, ", ".join(never))
         engine = make_engine(cfg, model, tokenizer, start)
         try:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
@@ -480,8 +492,6 @@ class RLTrainer:
     def rollouts_ahead(self):
         """The rollout thread of ``rl.max_staleness`` ≥ 1 (started at the first call), sampling from
         this iteration on."""
-        from agent_r1.pipeline.ahead import RolloutsAhead
-
         if self._ahead is None:
             self._ahead = RolloutsAhead(self.engine, lambda j, g: _sample_ahead(self, j, g), self.iteration,
                                         self.cfg.iterations, self.cfg.max_staleness, self.seed)
