@@ -111,7 +111,24 @@ def comparison_markdown(results: dict, in_domain: str, out_domain: str) -> str:
         mean = (a["em"] + b["em"]) / 2 if b else a["em"]
         rows.append(f"| {m} | {a['em']:.3f} | {a['f1']:.3f} | {b.get('em', float('nan')):.3f} | {b.get('f1', float('nan')):.3f} "
                     f"| {mean:.3f} | {a['tool_calls']:.2f} | {1 - a['format_error_rate']:.3f} |")
-    return "\n".join(rows) + "\n" + "".join(curve_markdown(results[k], k) for k in results if k.startswith("curve_"))
+    return "\n".join(rows) + "\n" + pass_markdown(results[in_domain], in_domain) + \
+        "".join(curve_markdown(results[k], k) for k in results if k.startswith("curve_"))
+
+
+def pass_markdown(rows: dict, split: str) -> str:
+    """The methods of one eval.json split that have pass@k (``eval.pass_k``) as a table: the greedy
+    score (``won``, else ``em``) beside pass@k for each k; nothing when none has them."""
+    methods = sorted((m for m in rows if any(k.startswith("pass@") for k in rows[m])),
+                     key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    if not methods:
+        return ""
+    ks = sorted({int(k[len("pass@"):]) for m in methods for k in rows[m] if k.startswith("pass@")})
+    metric = "won" if "won" in rows[methods[0]] else "em"
+    out = [f"\n| method | {split} greedy {metric} | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+           "|---" * (len(ks) + 2) + "|"]
+    out += [f"| {m} | {rows[m].get(metric, float('nan')):.3f} | " +
+            " | ".join(f"{rows[m].get(f'pass@{k}', float('nan')):.3f}" for k in ks) + " |" for m in methods]
+    return "\n".join(out) + "\n"
 
 
 def curve_markdown(rows: dict, split: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agent_r1.config import load_config, parse_overrides
-from agent_r1.evaluate import pass_at_k, pass_at_k_by_hops
+from agent_r1.evaluate import comparison_markdown, pass_at_k, pass_at_k_by_hops
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.record import StageLog
 from agent_r1.sft import Plateau
@@ -128,5 +128,8 @@ def test_evaluation_reports_pass_at_k_beside_greedy(tmp_path):
         row = res[split]["sft"]
         assert {"em", "pass@1", "pass@2"} <= set(row) and row["pass_samples"] == 2
         assert 0 <= row["pass@1"] <= row["pass@2"] <= 1
+    table = comparison_markdown(res, "test", "test_2hop")  # what `agent-r1 table` prints
+    row = res["test"]["sft"]
+    assert f"| sft | {row['em']:.3f} | {row['pass@1']:.3f} | {row['pass@2']:.3f} |" in table.splitlines()
     with pytest.raises(ValueError, match=r"eval.pass_samples: 4 samples per task cannot give pass@k for k=16"):
         tiny_cfg(tmp_path, "eval.pass_k=[1, 16]", "eval.pass_samples=4")
