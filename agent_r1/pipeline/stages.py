@@ -249,7 +249,8 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
     answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
     other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
-    With ``eval.every``, the held-out curves too (:func:`heldout_curves`).
+    With ``eval.every``, the held-out curves too (:func:`heldout_curves`); with ``eval.pass_k``, each
+    model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
@@ -278,13 +279,15 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     return results
 
 
-def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None):
+def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None,
+           pass_k: bool = True):
     """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
-    (``model`` for a baseline without one), the summary by hop count and the episodes."""
+    (``model`` for a baseline without one), the summary by hop count (with ``pass_k``, a model's
+    ``eval.pass_k`` too) and the episodes."""
     if method in POLICY_BASELINES:
         trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
         return model, summarize_by_hops(trajs, tasks), trajs
-    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, pass_k)
 
 
 def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
@@ -302,7 +305,7 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     baselines = {}
     for method, src in checkpoints.items():
         if method in cfg.eval.baselines:
-            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker)
+            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker, pass_k=False)
             baselines[method] = float(by_hops["all"].get(metric, 0.0))
     split = f"curve_{cfg.eval.curve_split}"
     path = draw(curves, baselines, metric, f"{cfg.name}: held-out {metric}, {len(tasks)} {cfg.eval.curve_split} tasks",
@@ -311,9 +314,10 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     return {split: summary(curves, baselines, metric, len(tasks))}
 
 
-def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker):
+def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker,
+                    pass_k: bool = True):
     """A checkpoint's (or registry URI's) model as ``method`` on ``tasks``: the model, the summary
-    by hop count and the episodes."""
+    by hop count (with ``pass_k``, :func:`sampled_pass_at_k` of ``eval.pass_k`` added) and the episodes."""
     from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
 
     if src.startswith(("models:/", "runs:/")):
@@ -324,7 +328,7 @@ def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[di
     env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
     agent = Agent(model, tokenizer, tools, cfg, env_cls)
     by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
-    if cfg.eval.pass_k:
+    if pass_k and cfg.eval.pass_k:
         for group, scores in sampled_pass_at_k(agent, tasks, progress, method).items():
             by_hops[group] |= scores
     return model, by_hops, trajs
