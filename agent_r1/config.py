@@ -649,7 +649,8 @@ def _val_problems(cfg: RunConfig) -> list[str]:
         if not has_val_split(cfg):
             out.append(f"sft.plateau: is chosen on the val split, which the data has none of ({val_hint(cfg)})")
         if cfg.eval.curve_split != "val":
-            out.append(f"sft.plateau: is chosen on the val split; eval.curve_split is {cfg.eval.curve_split!r} (set val)")
+            out.append(f"sft.plateau: is chosen on the val split; eval.curve_split is {cfg.eval.curve_split!r} "
+                       "(set val)")
     return out
 
 

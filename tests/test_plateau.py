@@ -41,9 +41,9 @@ def test_sft_plateau_stops_after_its_patience_and_keeps_the_best_checkpoint(tmp_
 
     every, patience, size = 2, 2, 3
     # em on 3 tasks improves at most 3 times, so patience ends the run well before max_epochs
-    cfg = tiny_cfg(tmp_path / "out", "data.val_per_type=2", "sft.plateau.enabled=true", f"sft.plateau.eval_every_steps={every}",
-                   f"sft.plateau.patience={patience}", "sft.plateau.max_epochs=40", "sft.warmup_steps=2",
-                   f"eval.curve_size={size}")
+    cfg = tiny_cfg(tmp_path / "out", "data.val_per_type=2", "sft.plateau.enabled=true",
+                   f"sft.plateau.eval_every_steps={every}", f"sft.plateau.patience={patience}",
+                   "sft.plateau.max_epochs=40", "sft.warmup_steps=2", f"eval.curve_size={size}")
     stages.prepare(cfg)
     seen = []  # the weights the model had at each evaluation
     real = stages.heldout_point
@@ -118,7 +118,8 @@ def test_a_killed_plateau_stage_resumes_with_its_evaluations(tmp_path, monkeypat
     stages.sft(b)
     ra, rb = (json.loads((c.out / "metrics" / "sft_plateau.json").read_text()) for c in (a, b))
     strip = lambda r: [(p["step"], p["score"]) for p in r["points"]]  # noqa: E731 (times differ)
-    assert strip(ra) == strip(rb) and ra["best"]["step"] == rb["best"]["step"] and ra["stopped_step"] == rb["stopped_step"]
+    assert strip(ra) == strip(rb)
+    assert ra["best"]["step"] == rb["best"]["step"] and ra["stopped_step"] == rb["stopped_step"]
     wa, wb = weights(a.out / "checkpoints" / "sft"), weights(b.out / "checkpoints" / "sft")
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)

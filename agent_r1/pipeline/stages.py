@@ -415,9 +415,10 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
 
     Returns ``{"mlflow_run_id", "data_version", "health", "eval", "register", "timings"}`` (``health``:
     :func:`run_health`, also the pipeline run's MLflow tag ``health_alarms`` when any was raised); writes
-    ``metrics/timings.json``. With ``sft.plateau`` rank 0's result also has ``"sft_plateau"``: the
-    best validation evaluation (step, epoch, score, training time). The train stage is not one call
-    of ``runner``: each phase of each RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
+    ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
+    RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`). With
+    ``sft.plateau`` rank 0's result also has ``"sft_plateau"``: the best validation evaluation
+    (step, epoch, score, training time).
 
     With N ranks (a launcher started N processes) every rank runs the sequence; rank 0 alone
     talks to MLflow (the others get no ``tracker``) and writes files (:mod:`.ranks`).
