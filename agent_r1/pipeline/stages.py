@@ -25,14 +25,15 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.atomic import replace_dir
 from agent_r1.config import ConfigError, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
-from agent_r1.atomic import replace_dir
 from agent_r1.learner.distributed import barrier, is_main
 from agent_r1.models import TAGS, build_tiny_model, default_device, load_model
 from agent_r1.pipeline import health
 from agent_r1.pipeline.control import control
+from agent_r1.pipeline.curves import CURVE_METRICS
 from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
@@ -180,13 +181,10 @@ class _PlateauWatch:
 
     def __init__(self, cfg: RunConfig, agent: Agent, learner: Learner, tokenizer, points: list[dict],
                  stage_log: StageLog, progress: Progress):
-        from agent_r1.pipeline.curves import CURVE_METRICS
-
         self.cfg, self.agent, self.learner, self.tokenizer = cfg, agent, learner, tokenizer
         self.stage_log, self.progress = stage_log, progress
         self.plateau = Plateau(cfg.sft.plateau.patience, points)
         self.tasks = curve_tasks(cfg)
-        self.metrics = CURVE_METRICS  # the curve's metric: the first of these an evaluation has
         self.best_dir = cfg.out / "state" / "sft_best"
         # training time so far, the evaluations left out (a resumed run goes on from its last point)
         self.t0, self.eval_s = time.perf_counter() - (points[-1]["train_s"] if points else 0.0), 0.0
@@ -197,7 +195,7 @@ class _PlateauWatch:
         train_s = time.perf_counter() - self.t0 - self.eval_s
         point = heldout_point(self.agent, self.tasks, self.progress, f"sft plateau @ step {step}")
         self.eval_s += point["eval_s"]
-        metric = next(k for k in self.metrics if k in point)
+        metric = next(k for k in CURVE_METRICS if k in point)  # the held-out curve's metric
         steps_per_epoch = total / self.cfg.sft.plateau.max_epochs
         best, stop = self.plateau.add(step, point[metric], metric=metric, epoch=round(step / steps_per_epoch, 4),
                                       train_s=round(train_s, 2))
