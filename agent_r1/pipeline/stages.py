@@ -114,20 +114,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     tools = make_tools(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
     resume = resumable(state_dir, fp)
-    if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(state_dir)
-        model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
-    else:
-        model, tokenizer = initial_model(cfg, data_dir, tools)
-        _check_vocabulary(cfg, tokenizer)
-        if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
-            from agent_r1.learner import save_hf_checkpoint
-
-            save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
-        else:  # the baseline is the configured model itself; the folder names it (a DVC output)
-            write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
+    model, tokenizer = _sft_start(cfg, data_dir, tools, state_dir if resume else None)
     agent = Agent(model, tokenizer, tools, cfg)
     learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
     start, history, client = 0, [], {}
@@ -156,22 +143,37 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
         sft_loop(learner, demos, tokenizer.pad_token_id, plateau.max_epochs if watch else cfg.sft.epochs,
                  cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
     out = checkpoint_dir(cfg, "sft")
-    record = cfg.out / "metrics" / "sft_plateau.json"
     if watch is None:
         learner.save(out, tokenizer)
         if is_main():
-            record.unlink(missing_ok=True)  # a plateau record of an earlier config
+            (cfg.out / "metrics" / "sft_plateau.json").unlink(missing_ok=True)  # the record of an earlier config
     else:
-        if is_main():
-            replace_dir(watch.best_dir, out)  # the best evaluation's weights
-        barrier()
-        write_json(record, watch.record(history[-1]["step"]))
-        stage_log.artifact(record)
+        watch.finish(out, history[-1]["step"])
     write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
     mark_complete(out, fp)
     if is_main():
         shutil.rmtree(state_dir, ignore_errors=True)
     return out
+
+
+def _sft_start(cfg: RunConfig, data_dir: Path, tools, resume_from: Path | None):
+    """The model and tokenizer SFT starts from: for a resumed tiny model the tokenizer its first
+    attempt trained (``resume_from``); else :func:`initial_model`, whose untrained state is also
+    written as the ``base`` baseline (for a hub model, a file naming it)."""
+    if resume_from is not None and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resume_from)
+        return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed), tokenizer
+    model, tokenizer = initial_model(cfg, data_dir, tools)
+    _check_vocabulary(cfg, tokenizer)
+    if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
+        from agent_r1.learner import save_hf_checkpoint
+
+        save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
+    else:  # the baseline is the configured model itself; the folder names it (a DVC output)
+        write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
+    return model, tokenizer
 
 
 class _PlateauWatch:
@@ -206,17 +208,23 @@ class _PlateauWatch:
                  self.plateau.best["score"], self.plateau.best["step"])
         return stop
 
-    def record(self, last_step: int) -> dict:
-        """``metrics/sft_plateau.json`` (also logged to MLflow): the best evaluation (step, epoch,
-        score, training time to it), where training stopped, and every evaluation."""
+    def finish(self, out: Path, last_step: int) -> None:
+        """The best evaluation's weights to ``out``; the record ``metrics/sft_plateau.json`` (also in
+        MLflow): the best evaluation (step, epoch, score, training time to it), where training
+        stopped, and every evaluation."""
+        if is_main():
+            replace_dir(self.best_dir, out)
+        barrier()
         best = self.plateau.best
-        rec = {"metric": best["metric"], "split": self.cfg.eval.curve_split, "tasks": len(self.tasks),
-               "patience": self.plateau.patience, "best": best, "stopped_step": last_step, "points": self.plateau.points}
+        record = self.cfg.out / "metrics" / "sft_plateau.json"
+        write_json(record, {"metric": best["metric"], "split": self.cfg.eval.curve_split, "tasks": len(self.tasks),
+                            "patience": self.plateau.patience, "best": best, "stopped_step": last_step,
+                            "points": self.plateau.points})
+        self.stage_log.artifact(record)
         self.stage_log.metrics({"sft_plateau/score": best["score"], "sft_plateau/step": best["step"],
                                 "sft_plateau/epoch": best["epoch"], "sft_plateau/train_s": best["train_s"],
                                 "sft_plateau/stopped_step": last_step})
         self.stage_log.params({"sft_plateau_metric": best["metric"], "sft_plateau_step": best["step"]})
-        return rec
 
 
 def base_model_path(cfg: RunConfig) -> str:
