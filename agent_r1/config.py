@@ -132,6 +132,24 @@ class EnvConfig(_Strict):
     """Characters of a tool's output kept in the observation (the rest is truncated)."""
 
 
+class PlateauConfig(_Strict):
+    """SFT trained to its plateau on the validation curve (``sft.plateau``)."""
+
+    enabled: bool = False
+    """Train until the validation curve stops improving and keep its best checkpoint (the start of RL, RFT and the
+    SFT-only control); the plateau's step, score and training time are recorded (metrics/sft_plateau.json, MLflow).
+    Needs a val split and eval.curve_split: val. Off: `sft.epochs` passes."""
+    eval_every_steps: int = Field(50, ge=1)
+    """Optimizer steps between evaluations of the validation curve (and one at the last step): the same tasks as RL's
+    held-out curve (`eval.curve_size` of the val split, greedy at `eval.temperature`), scored by its metric (won, em,
+    else reward)."""
+    patience: int = Field(3, ge=1)
+    """Evaluations without a better score after the best one before training stops; the best one's weights are the
+    SFT checkpoint."""
+    max_epochs: float = Field(10.0, gt=0)
+    """Passes over the demonstrations at most (replaces `sft.epochs`; the learning-rate schedule spans them)."""
+
+
 class SFTConfig(_Strict):
     # Which questions the oracle demonstrates: every question with one of `hops`, plus the
     # question types in `qtypes`. The default shows single searches and ONE two-hop
@@ -157,6 +175,8 @@ class SFTConfig(_Strict):
     """Optimizer steps of linear learning-rate warm-up."""
     checkpoint_every: int = Field(500, ge=1)  # optimizer steps between resumable states
     """Optimizer steps between resumable states (under outputs/<pipeline>/state/)."""
+    plateau: PlateauConfig = PlateauConfig()
+    """Imitation trained to its plateau: early stopping on the validation curve, keeping the best checkpoint."""
 
 
 _SUFFIXES = (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask"), ("_outcome", "process_rewards"))
@@ -326,6 +346,12 @@ class EvalConfig(_Strict):
     """Questions evaluated per hop count."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
     """Sampling temperature of evaluation (0: greedy)."""
+    pass_k: list[PositiveInt] = []
+    """pass@k beside the greedy scores, for these k (e.g. [1, 4, 16]): `pass_samples` episodes per evaluated task
+    sampled at the training temperature (rl.temperature), scored with the unbiased estimator, reported as `pass@<k>`
+    per method and hop count in eval.json. Costs `pass_samples` times the greedy evaluation of each model; []: off."""
+    pass_samples: int | None = Field(None, ge=1)
+    """Episodes sampled per task for pass@k (n ≥ every k); null: the largest of `pass_k`."""
     # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
     # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
     # the tools: for a hub model the instruct model itself, for the tiny model its random init).
@@ -444,6 +470,9 @@ class RunConfig(_Strict):
         if self.env.max_new_tokens >= self.env.max_context_tokens:
             problems.append("env.max_new_tokens must be smaller than env.max_context_tokens")
         problems += _vllm_problems(self) + _staleness_problems(self) + _val_problems(self)
+        if self.eval.pass_k and self.eval.pass_samples and self.eval.pass_samples < max(self.eval.pass_k):
+            problems.append(f"eval.pass_samples: {self.eval.pass_samples} samples per task cannot give pass@k for "
+                            f"k={max(self.eval.pass_k)} (eval.pass_k); set it to at least {max(self.eval.pass_k)}")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -613,10 +642,17 @@ def has_val_split(cfg: RunConfig) -> bool:
 
 def _val_problems(cfg: RunConfig) -> list[str]:
     """eval.split names a split the data has (a held-out curve on a missing val split is off instead:
-    :attr:`RunConfig.curve_every`)."""
-    if has_val_split(cfg) or cfg.eval.split != "val":
-        return []
-    return [f"eval.split: val: the data has no val split ({val_hint(cfg)}), or choose another split"]
+    :attr:`RunConfig.curve_every`); the SFT plateau is chosen on a val split."""
+    out = []
+    if not has_val_split(cfg) and cfg.eval.split == "val":
+        out.append(f"eval.split: val: the data has no val split ({val_hint(cfg)}), or choose another split")
+    if cfg.sft.plateau.enabled:
+        if not has_val_split(cfg):
+            out.append(f"sft.plateau: is chosen on the val split, which the data has none of ({val_hint(cfg)})")
+        if cfg.eval.curve_split != "val":
+            out.append(f"sft.plateau: is chosen on the val split; eval.curve_split is {cfg.eval.curve_split!r} "
+                       "(set val)")
+    return out
 
 
 def val_hint(cfg: RunConfig) -> str:

@@ -1,7 +1,9 @@
-"""Evaluating an agent: greedy episodes on held-out tasks, summarised overall and by hop count."""
+"""Evaluating an agent: greedy episodes on held-out tasks, summarised overall and by hop count;
+pass@k from sampled ones."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from agent_r1.envs.metrics import aggregate
@@ -48,6 +50,37 @@ def summarize_by_hops(trajs: list[Trajectory], tasks: list[dict]) -> dict:
     return out
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k from ``n`` samples of which ``c`` are correct (Chen et al.
+    2021, arXiv:2107.03374): 1 - C(n-c, k) / C(n, k), the chance that k of the n drawn without
+    replacement hold a correct one."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def solved(t: Trajectory) -> bool:
+    """Did the episode solve its task: its ``won`` or ``em`` (the first the environment reports)
+    is 1, else its final reward is at least 1."""
+    for name in ("won", "em"):
+        if name in t.metric_aggs:
+            return t.metrics.get(name, 0.0) >= 1.0
+    return t.final_reward >= 1.0
+
+
+def pass_at_k_by_hops(trajs: list[Trajectory], tasks: list[dict], ks: list[int]) -> dict:
+    """``{"all": {"pass@k": ...}, "<h>hop": {...}}``: the mean over tasks of :func:`pass_at_k`, with
+    ``trajs`` n rounds of ``tasks`` (episode ``j * len(tasks) + i`` is round j's of task i)."""
+    n = len(trajs) // len(tasks)
+    correct = [sum(solved(trajs[j * len(tasks) + i]) for j in range(n)) for i in range(len(tasks))]
+    groups: dict[str, list[int]] = {"all": list(range(len(tasks)))}
+    for i, task in enumerate(tasks):
+        if "hops" in task:
+            groups.setdefault(f"{int(task['hops'])}hop", []).append(i)
+    return {g: {f"pass@{k}": round(sum(pass_at_k(n, correct[i], k) for i in idx) / len(idx), 4) for k in ks}
+            | {"pass_samples": n} for g, idx in groups.items()}
+
+
 def retrieval_recall(index, tasks: list[dict], ks: tuple[int, ...] = (1, 2, 5, 10)) -> dict:
     """Recall@k of the gold documents when searching with the raw question (Naive RAG's
     retrieval), overall and by question type: ``{"all": {"recall@1": ...}, "<qtype>": {...}}``."""
@@ -78,7 +111,24 @@ def comparison_markdown(results: dict, in_domain: str, out_domain: str) -> str:
         mean = (a["em"] + b["em"]) / 2 if b else a["em"]
         rows.append(f"| {m} | {a['em']:.3f} | {a['f1']:.3f} | {b.get('em', float('nan')):.3f} | {b.get('f1', float('nan')):.3f} "
                     f"| {mean:.3f} | {a['tool_calls']:.2f} | {1 - a['format_error_rate']:.3f} |")
-    return "\n".join(rows) + "\n" + "".join(curve_markdown(results[k], k) for k in results if k.startswith("curve_"))
+    return "\n".join(rows) + "\n" + pass_markdown(results[in_domain], in_domain) + \
+        "".join(curve_markdown(results[k], k) for k in results if k.startswith("curve_"))
+
+
+def pass_markdown(rows: dict, split: str) -> str:
+    """The methods of one eval.json split that have pass@k (``eval.pass_k``) as a table: the greedy
+    score (``won``, else ``em``) beside pass@k for each k; nothing when none has them."""
+    methods = sorted((m for m in rows if any(k.startswith("pass@") for k in rows[m])),
+                     key=lambda m: (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), m))
+    if not methods:
+        return ""
+    ks = sorted({int(k[len("pass@"):]) for m in methods for k in rows[m] if k.startswith("pass@")})
+    metric = "won" if "won" in rows[methods[0]] else "em"
+    out = [f"\n| method | {split} greedy {metric} | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+           "|---" * (len(ks) + 2) + "|"]
+    out += [f"| {m} | {rows[m].get(metric, float('nan')):.3f} | " +
+            " | ".join(f"{rows[m].get(f'pass@{k}', float('nan')):.3f}" for k in ks) + " |" for m in methods]
+    return "\n".join(out) + "\n"
 
 
 def curve_markdown(rows: dict, split: str) -> str:

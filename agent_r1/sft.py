@@ -77,11 +77,12 @@ def sft(
     lr: float,
     warmup_steps: int = 0,
     seed: int = 0,
-    on_step: Callable[[int, int, dict], None] | None = None,
+    on_step: Callable[[int, int, dict], bool | None] | None = None,
     start_step: int = 0,
 ) -> list[dict]:
     """Train on ``demos`` for ``epochs`` passes (fractions allowed) in length-grouped batches
-    (:func:`length_grouped_batches`); linear warmup, cosine decay.
+    (:func:`length_grouped_batches`); linear warmup, cosine decay. ``on_step(step, total, metrics)``
+    is called after every optimizer step; when it returns True training stops there.
 
     The batch order of every epoch is a fixed function of ``seed`` and the epoch, so a run
     resumed at ``start_step`` (with the optimizer state restored) sees exactly the batches the
@@ -103,6 +104,26 @@ def sft(
             group["lr"] = lr * scale
         metrics = learner.sft_step(collate([seqs[r] for r in rows], pad_id))
         history.append(metrics)
-        if on_step:
-            on_step(step + 1, total, metrics)
+        if on_step and on_step(step + 1, total, metrics):
+            break
     return history
+
+
+class Plateau:
+    """Early stopping on a validation curve: :meth:`add` one evaluation's score (higher is better)
+    at a training step; training stops ``patience`` evaluations after the best one (the first of
+    equal scores) unless a later one beats it. ``points`` (resumable) holds every evaluation."""
+
+    def __init__(self, patience: int, points: list[dict] | None = None):
+        self.patience, self.points = patience, list(points or [])
+
+    @property
+    def best(self) -> dict | None:
+        """The evaluation with the highest score (the first of equal ones)."""
+        return max(self.points, key=lambda p: p["score"], default=None)
+
+    def add(self, step: int, score: float, **extra) -> tuple[bool, bool]:
+        """Record an evaluation; returns (it is the new best, training should stop now)."""
+        self.points.append({"step": step, "score": float(score), **extra})
+        best = self.points.index(self.best)
+        return best == len(self.points) - 1, len(self.points) - 1 - best >= self.patience

@@ -15,6 +15,7 @@ is unchanged, and a stage finished under the same config is skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -24,13 +25,15 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.atomic import replace_dir
 from agent_r1.config import ConfigError, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
-from agent_r1.learner.distributed import is_main
+from agent_r1.learner.distributed import barrier, is_main
 from agent_r1.models import TAGS, build_tiny_model, default_device, load_model
 from agent_r1.pipeline import health
 from agent_r1.pipeline.control import control
+from agent_r1.pipeline.curves import CURVE_METRICS
 from agent_r1.pipeline.promote import register
 from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
@@ -38,12 +41,12 @@ from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, history_path,
                                      is_complete, mark_complete, resumable, save_state, write_json)
-from agent_r1.evaluate import summarize_by_hops
+from agent_r1.evaluate import pass_at_k_by_hops, summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
-from agent_r1.run import (Agent, curve_tasks, evaluate_agent, flat_eval, initial_model, make_tools, oracle_demonstrations, prepare_data,
+from agent_r1.run import (Agent, curve_tasks, evaluate_agent, flat_eval, heldout_point, initial_model, make_tools, oracle_demonstrations, prepare_data,
                           selection_problems, tasks_for)
-from agent_r1.sft import sft as sft_loop
+from agent_r1.sft import Plateau, sft as sft_loop
 from agent_r1.transcripts import transcripts
 
 log = logging.getLogger(__name__)
@@ -89,10 +92,20 @@ def _check_vocabulary(cfg: RunConfig, tokenizer) -> None:
                           f"gives the tokenizer only {got} (no pair left to merge); set it to at most {got}")
 
 
+# What shapes the plateau's validation evaluations besides sft.plateau (tracked with sft.plateau.enabled)
+PLATEAU_KEYS = ("eval.curve_size", "eval.curve_split", "eval.temperature")
+
+
 def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None) -> Path:
-    """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``."""
+    """Build (or load) the model and run the oracle cold start; write ``checkpoints/sft``.
+
+    With ``sft.plateau.enabled`` it trains up to ``max_epochs``, evaluating the held-out curve's
+    validation tasks every ``eval_every_steps``, stops ``patience`` evaluations after the best
+    one, and writes the best one's weights (:class:`_PlateauWatch`; the record:
+    ``metrics/sft_plateau.json``)."""
     progress = progress or Progress.null()
-    fp = fingerprint(cfg, "data", "model", "env", "sft", *SFT_OPTIMIZER_KEYS)
+    plateau = cfg.sft.plateau
+    fp = fingerprint(cfg, "data", "model", "env", "sft", *SFT_OPTIMIZER_KEYS, *(PLATEAU_KEYS if plateau.enabled else ()))
     if is_complete(checkpoint_dir(cfg, "sft"), fp):  # e.g. a flow re-run after a crash in RL
         log.info("sft: %s is up to date for this config; skipping", checkpoint_dir(cfg, "sft"))
         return checkpoint_dir(cfg, "sft")
@@ -101,23 +114,10 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     tools = make_tools(cfg, data_dir)
     state_dir = cfg.out / "state" / "sft"
     resume = resumable(state_dir, fp)
-    if resume and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(state_dir)
-        model = build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed)
-    else:
-        model, tokenizer = initial_model(cfg, data_dir, tools)
-        _check_vocabulary(cfg, tokenizer)
-        if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
-            from agent_r1.learner import save_hf_checkpoint
-
-            save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
-        else:  # the baseline is the configured model itself; the folder names it (a DVC output)
-            write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
+    model, tokenizer = _sft_start(cfg, data_dir, tools, state_dir if resume else None)
     agent = Agent(model, tokenizer, tools, cfg)
     learner = Learner(model, sft_learner_config(cfg), precision=cfg.model.precision)
-    start, history = 0, []
+    start, history, client = 0, [], {}
     if resume:
         client = learner.load_state(state_dir)
         start, history = client["step"], client["history"]
@@ -125,24 +125,106 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     stage_log.params({"demonstrations": len(demos)})
     every = cfg.sft.checkpoint_every
+    watch = _PlateauWatch(cfg, agent, learner, tokenizer, client.get("plateau", []), stage_log, progress) \
+        if plateau.enabled else None
 
     with progress.task("sft", total=None) as report:
-        def on_step(step: int, total: int, m: dict) -> None:
+        def on_step(step: int, total: int, m: dict) -> bool:
             history.append({"step": step, **m})
             report(f"step {step}/{total} loss {m['sft_loss']:.3f}", step / total)
             if step % 50 == 0 or step == total:
                 stage_log.metrics(m, step)
-            if step % every == 0 and step < total:
-                save_state(learner, state_dir, fp, {"step": step, "history": history}, tokenizer)
+            stop = watch is not None and watch(step, total)
+            if step % every == 0 and step < total and not stop:
+                save_state(learner, state_dir, fp, {"step": step, "history": history,
+                                                   "plateau": watch.plateau.points if watch else []}, tokenizer)
+            return stop
 
-        sft_loop(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr,
-                 cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
-    out = learner.save(checkpoint_dir(cfg, "sft"), tokenizer)
+        sft_loop(learner, demos, tokenizer.pad_token_id, plateau.max_epochs if watch else cfg.sft.epochs,
+                 cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
+    out = checkpoint_dir(cfg, "sft")
+    if watch is None:
+        learner.save(out, tokenizer)
+        if is_main():
+            (cfg.out / "metrics" / "sft_plateau.json").unlink(missing_ok=True)  # the record of an earlier config
+    else:
+        watch.finish(out, history[-1]["step"])
     write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
     mark_complete(out, fp)
     if is_main():
         shutil.rmtree(state_dir, ignore_errors=True)
     return out
+
+
+def _sft_start(cfg: RunConfig, data_dir: Path, tools, resume_from: Path | None):
+    """The model and tokenizer SFT starts from: for a resumed tiny model the tokenizer its first
+    attempt trained (``resume_from``); else :func:`initial_model`, whose untrained state is also
+    written as the ``base`` baseline (for a hub model, a file naming it)."""
+    if resume_from is not None and not cfg.model.name_or_path:  # the tokenizer was trained by the first attempt
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resume_from)
+        return build_tiny_model(cfg.model.tiny, tokenizer, seed=cfg.model.seed), tokenizer
+    model, tokenizer = initial_model(cfg, data_dir, tools)
+    _check_vocabulary(cfg, tokenizer)
+    if not cfg.model.name_or_path:  # the untrained tiny model: the base_tool_call baseline
+        from agent_r1.learner import save_hf_checkpoint
+
+        save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
+    else:  # the baseline is the configured model itself; the folder names it (a DVC output)
+        write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
+    return model, tokenizer
+
+
+class _PlateauWatch:
+    """The SFT stage's validation curve (``sft.plateau``): called after every optimizer step, it
+    evaluates every ``eval_every_steps`` (and at the last step), saves the weights of a new best
+    evaluation to ``best_dir`` and says when to stop (:class:`~agent_r1.sft.Plateau`)."""
+
+    def __init__(self, cfg: RunConfig, agent: Agent, learner: Learner, tokenizer, points: list[dict],
+                 stage_log: StageLog, progress: Progress):
+        self.cfg, self.agent, self.learner, self.tokenizer = cfg, agent, learner, tokenizer
+        self.stage_log, self.progress = stage_log, progress
+        self.plateau = Plateau(cfg.sft.plateau.patience, points)
+        self.tasks = curve_tasks(cfg)
+        self.best_dir = cfg.out / "state" / "sft_best"
+        # training time so far, the evaluations left out (a resumed run goes on from its last point)
+        self.t0, self.eval_s = time.perf_counter() - (points[-1]["train_s"] if points else 0.0), 0.0
+
+    def __call__(self, step: int, total: int) -> bool:
+        if step % self.cfg.sft.plateau.eval_every_steps and step != total:
+            return False
+        train_s = time.perf_counter() - self.t0 - self.eval_s
+        point = heldout_point(self.agent, self.tasks, self.progress, f"sft plateau @ step {step}")
+        self.eval_s += point["eval_s"]
+        metric = next(k for k in CURVE_METRICS if k in point)  # the held-out curve's metric
+        steps_per_epoch = total / self.cfg.sft.plateau.max_epochs
+        best, stop = self.plateau.add(step, point[metric], metric=metric, epoch=round(step / steps_per_epoch, 4),
+                                      train_s=round(train_s, 2))
+        if best:
+            self.learner.save(self.best_dir, self.tokenizer)
+        self.stage_log.metrics({f"sft_val/{metric}": point[metric], "sft_val/train_s": train_s}, step)
+        log.info("sft plateau: step %d, val %s %.3f (best %.3f at step %d)", step, metric, point[metric],
+                 self.plateau.best["score"], self.plateau.best["step"])
+        return stop
+
+    def finish(self, out: Path, last_step: int) -> None:
+        """The best evaluation's weights to ``out``; the record ``metrics/sft_plateau.json`` (also in
+        MLflow): the best evaluation (step, epoch, score, training time to it), where training
+        stopped, and every evaluation."""
+        if is_main():
+            replace_dir(self.best_dir, out)
+        barrier()
+        best = self.plateau.best
+        record = self.cfg.out / "metrics" / "sft_plateau.json"
+        write_json(record, {"metric": best["metric"], "split": self.cfg.eval.curve_split, "tasks": len(self.tasks),
+                            "patience": self.plateau.patience, "best": best, "stopped_step": last_step,
+                            "points": self.plateau.points})
+        self.stage_log.artifact(record)
+        self.stage_log.metrics({"sft_plateau/score": best["score"], "sft_plateau/step": best["step"],
+                                "sft_plateau/epoch": best["epoch"], "sft_plateau/train_s": best["train_s"],
+                                "sft_plateau/stopped_step": last_step})
+        self.stage_log.params({"sft_plateau_metric": best["metric"], "sft_plateau_step": best["step"]})
 
 
 def base_model_path(cfg: RunConfig) -> str:
@@ -173,7 +255,8 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
     answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
     other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
-    With ``eval.every``, the held-out curves too (:func:`heldout_curves`).
+    With ``eval.every``, the held-out curves too (:func:`heldout_curves`); with ``eval.pass_k``, each
+    model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
@@ -202,13 +285,15 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     return results
 
 
-def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None):
+def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None,
+           pass_k: bool = True):
     """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
-    (``model`` for a baseline without one), the summary by hop count and the episodes."""
+    (``model`` for a baseline without one), the summary by hop count (with ``pass_k``, a model's
+    ``eval.pass_k`` too) and the episodes."""
     if method in POLICY_BASELINES:
         trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
         return model, summarize_by_hops(trajs, tasks), trajs
-    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, pass_k)
 
 
 def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
@@ -226,7 +311,7 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     baselines = {}
     for method, src in checkpoints.items():
         if method in cfg.eval.baselines:
-            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker)
+            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker, pass_k=False)
             baselines[method] = float(by_hops["all"].get(metric, 0.0))
     split = f"curve_{cfg.eval.curve_split}"
     path = draw(curves, baselines, metric, f"{cfg.name}: held-out {metric}, {len(tasks)} {cfg.eval.curve_split} tasks",
@@ -235,9 +320,10 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     return {split: summary(curves, baselines, metric, len(tasks))}
 
 
-def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker):
+def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker,
+                    pass_k: bool = True):
     """A checkpoint's (or registry URI's) model as ``method`` on ``tasks``: the model, the summary
-    by hop count and the episodes."""
+    by hop count (with ``pass_k``, :func:`sampled_pass_at_k` of ``eval.pass_k`` added) and the episodes."""
     from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
 
     if src.startswith(("models:/", "runs:/")):
@@ -246,8 +332,23 @@ def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[di
         src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
     model, tokenizer = load_model(src)
     env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
-    by_hops, trajs = evaluate_agent(Agent(model, tokenizer, tools, cfg, env_cls), tasks, progress, f"eval {method}")
+    agent = Agent(model, tokenizer, tools, cfg, env_cls)
+    by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
+    if pass_k and cfg.eval.pass_k:
+        for group, scores in sampled_pass_at_k(agent, tasks, progress, method).items():
+            by_hops[group] |= scores
     return model, by_hops, trajs
+
+
+def sampled_pass_at_k(agent: Agent, tasks: list[dict], progress=None, method: str = "") -> dict:
+    """pass@k for each k of ``eval.pass_k`` by hop count (:func:`~agent_r1.evaluate.pass_at_k_by_hops`):
+    ``eval.pass_samples`` (default the largest k) episodes of every task sampled at the training
+    temperature (``rl.temperature``)."""
+    cfg = agent.cfg
+    n = cfg.eval.pass_samples or max(cfg.eval.pass_k)
+    at_train_t = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"temperature": cfg.rl.temperature})})
+    _, trajs = evaluate_agent(dataclasses.replace(agent, cfg=at_train_t), tasks * n, progress, f"pass@k {method}")
+    return pass_at_k_by_hops(trajs, tasks, cfg.eval.pass_k)
 
 
 POLICY_BASELINES = ("random", "oracle")  # eval.baselines played without a model
@@ -321,7 +422,9 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     Returns ``{"mlflow_run_id", "data_version", "health", "eval", "register", "timings"}`` (``health``:
     :func:`run_health`, also the pipeline run's MLflow tag ``health_alarms`` when any was raised); writes
     ``metrics/timings.json``. The train stage is not one call of ``runner``: each phase of each
-    RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`).
+    RL iteration is (:meth:`RLTrainer.run <agent_r1.pipeline.rl_driver.RLTrainer.run>`). With
+    ``sft.plateau`` rank 0's result also has ``"sft_plateau"``: the best validation evaluation
+    (step, epoch, score, training time).
 
     With N ranks (a launcher started N processes) every rank runs the sequence; rank 0 alone
     talks to MLflow (the others get no ``tracker``) and writes files (:mod:`.ranks`).
@@ -341,6 +444,8 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     if plan.sft:
         with rec.timed_stage("sft", timings) as slog:
             runner.stage("sft", sft, cfg, slog, progress)
+        if cfg.sft.plateau.enabled and is_main():  # the plateau's best evaluation (metrics/sft_plateau.json)
+            out["sft_plateau"] = json.loads((cfg.out / "metrics" / "sft_plateau.json").read_text())["best"]
     with rec.timed_stage("train", timings) as slog:
         train(cfg, slog, progress, tracker, runner=runner)
     out["health"] = run_health(cfg)
