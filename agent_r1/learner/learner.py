@@ -27,6 +27,7 @@ from agent_r1.algorithms import (
     kl_penalty,
     logprobs_from_logits,
     value_loss,
+    with_demonstrated_tokens,
 )
 from agent_r1.atomic import replace_dir
 from agent_r1.dicts import deep_merge
@@ -93,6 +94,9 @@ class LearnerConfig(BaseModel):
     `none`: no weight (stale episodes are trained on as if sampled by π_prox)."""
     is_cap: float = Field(2.0, gt=1)
     """The cap on the importance weight w of off_policy_correction."""
+    shaping_gamma: float = Field(0.1, gt=0)
+    """γ of LUFFY's policy shaping f(π) = π/(π+γ), the weight of the demonstrated tokens of an off-policy member of a
+    group (rl.demos: member), unclipped; the sampled tokens keep policy_loss."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
     """Logits are divided by it when computing log-probs for the update; in a pipeline it must equal rl.temperature
     (the config rejects a mismatch)."""
@@ -477,7 +481,11 @@ class Learner:
             mask = mb.loss_mask
             prox = logp.detach() if mb.old_logprobs is None else mb.old_logprobs
             advantages, is_metrics = off_policy_weights(prox, mb, cfg)
-            loss, metrics = self.policy_loss(logp, prox, advantages, mask, **self.policy_loss.kwargs(cfg))
+            if mb.demo_mask is not None:  # an off-policy member's tokens: LUFFY's shaped weight
+                loss, metrics = with_demonstrated_tokens(self.policy_loss, logp, prox, advantages, mask, mb.demo_mask,
+                                                         cfg.shaping_gamma, **self.policy_loss.kwargs(cfg))
+            else:
+                loss, metrics = self.policy_loss(logp, prox, advantages, mask, **self.policy_loss.kwargs(cfg))
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in (metrics | is_metrics).items()}
             metrics["policy/pg_loss"] = loss.detach()
