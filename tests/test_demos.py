@@ -198,3 +198,24 @@ def test_bad_demo_settings_are_named():
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=prefix", "rl.algorithm=rft"]))
     cfg = load_config("code-tiny", "pipelines.yaml", parse_overrides(["methods=[grpo, grpo+member]"]))
     assert cfg.methods == ["grpo", "grpo+member"]
+
+
+class TwoTurnEnv(TargetEnv):
+    def __init__(self):
+        ToolEnv.__init__(self, [], max_turns=2)
+
+
+def test_a_prefix_of_demonstrated_turns_is_played_then_the_policy_takes_over(tok, make_model):
+    from agent_r1.rollout import Prefix, SamplingParams, run_episodes
+
+    model = make_model(seed=0)
+    ids = tok.encode("Louvre", add_special_tokens=False) + [tok.eos_token_id]
+    ctx = ContextManager(tok)
+    (plain,), (prefixed,) = (run_episodes(HFEngine(model, tok, precision="fp32"), TwoTurnEnv, [TASKS[0]], ctx,
+                                          SamplingParams(1.0, max_new_tokens=4), prefixes=p)
+                             for p in (None, [Prefix(turns=[(ids, "Louvre")])]))
+    assert len(plain.steps) == 2 and plain.metrics["turns"] == 2
+    (step,) = prefixed.steps  # the demonstrated turn is context, not a step: one sampled turn is left
+    assert prefixed.metrics["turns"] == 2 and prefixed.stop_reason == "max_turns"
+    start = len(plain.steps[0].context_ids)  # the prompt, then the demonstrated turn and its observation
+    assert step.context_ids[:start] == plain.steps[0].context_ids and step.context_ids[start:start + len(ids)] == ids
