@@ -551,7 +551,8 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in (*ADVANTAGES, RFT):
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
-                       f"(ppo = gae) and {RFT}, optionally with _no_loss_mask or _no_adv_mask")
+                       f"(ppo = gae) and {RFT}, optionally with _no_loss_mask or _no_adv_mask, and +<demos> "
+                       f"({', '.join(sorted(DEMO_METHODS))})")
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
     known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES, "code": tuple(CODE_KINDS)}.get(cfg.data.source)

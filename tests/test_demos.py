@@ -219,3 +219,24 @@ def test_a_prefix_of_demonstrated_turns_is_played_then_the_policy_takes_over(tok
     assert prefixed.metrics["turns"] == 2 and prefixed.stop_reason == "max_turns"
     start = len(plain.steps[0].context_ids)  # the prompt, then the demonstrated turn and its observation
     assert step.context_ids[:start] == plain.steps[0].context_ids and step.context_ids[start:start + len(ids)] == ids
+
+
+def test_the_prefix_k_and_the_sft_buffer_resume(tok, make_model, tmp_path):
+    from agent_r1.pipeline.rl_driver import RLFiles
+
+    for name in ("prefix", "relift"):
+        files = RLFiles(tmp_path / name / "agent", tmp_path / name / "history.json", tmp_path / name / "state",
+                        tmp_path / name / "rollouts", "fp")
+        cfg = RLConfig(group_size=2, tasks_per_iteration=1, checkpoint_every=1, iterations=3, demos=name)
+
+        def trainer():
+            learner = Learner(make_model(seed=0), LearnerConfig(), precision="fp32")
+            return RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), TargetEnv, TASKS,
+                             ContextManager(tok), cfg, max_new_tokens=4, max_context_tokens=256, seed=0, files=files)
+
+        first = trainer()
+        first.step()  # the state is saved after iteration 1
+        saved = first.demos.state()
+        assert saved and all(saved.values())  # a k for the task prefixed / its demonstration in the buffer
+        resumed = trainer()
+        assert resumed.iteration == 1 and resumed.demos.state() == saved
