@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from agent_r1.algorithms import ADVANTAGES, AGG_MODES, DEMO_METHODS, KL_KINDS, POLICY_LOSSES, registered_name
-from agent_r1.algorithms.demos import demo_settings
+from agent_r1.algorithms.demos import demo_settings, registered_demo_method
 from agent_r1.data.code_tasks import KINDS as CODE_KINDS
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
 from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
@@ -272,7 +272,13 @@ class RLConfig(_Strict):
     BREAD): a task whose group got no success gets episodes that start from the first steps of its demonstration (a
     prefix that is context, shortened as they succeed); member (LUFFY): the demonstration joins its group, off-policy,
     weighted by rl.learner.shaping_gamma; relift (ReLIFT): the demonstrations of failed groups go to an SFT buffer
-    trained between RL updates. Reported as <method>+<demos> (e.g. grpo+prefix); null: none."""
+    trained between RL updates. Or the import path of a class registered with @register_demo_method (`module:Cls`,
+    `path/to/file.py:Cls`). Reported as <method>+<demos> (e.g. grpo+prefix); null: none."""
+
+    @field_validator("demos")
+    @classmethod
+    def _demos(cls, v: str | None) -> str | None:
+        return v if v is None else registered_demo_method(v)
     demo_settings: dict[str, bool | int | float | str] = {}
     """The demonstration method's own settings, e.g. {episodes: 2, shrink: 0.5} (prefix), {sft_every: 2} (relift)."""
     learner: LearnerConfig = LearnerConfig()
@@ -493,11 +499,12 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
 def _demos_problems(cfg: RunConfig) -> list[str]:
     """``rl.demos`` (and each method's ``+<demos>``) names a registered method that takes ``rl.demo_settings``,
     with an estimator, in the synchronous loop."""
-    names = {cfg.rl.demos} | {parse_method(m)["demos"] for m in cfg.methods}
+    named = {(m, parse_method(m)["demos"]) for m in cfg.methods} | {("rl.demos", cfg.rl.demos)}
     out = []
-    for name in sorted(n for n in names if n):
+    for name in sorted({n for _, n in named if n}):
         if name not in DEMO_METHODS:
-            out.append(f"rl.demos: unknown demonstration method {name!r}; known: {', '.join(sorted(DEMO_METHODS))}")
+            where = "rl.demos" if ("rl.demos", name) in named else f"methods: {next(m for m, n in named if n == name)}"
+            out.append(f"{where}: unknown demonstration method {name!r}; known: {', '.join(sorted(DEMO_METHODS))}")
             continue
         unknown = sorted(set(cfg.rl.demo_settings) - set(demo_settings(name)))
         if unknown:

@@ -198,6 +198,13 @@ def test_bad_demo_settings_are_named():
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=prefix", "rl.algorithm=rft"]))
     cfg = load_config("code-tiny", "pipelines.yaml", parse_overrides(["methods=[grpo, grpo+member]"]))
     assert cfg.methods == ["grpo", "grpo+member"]
+    with pytest.raises(ConfigError, match="methods: grpo\\+lufy: unknown demonstration method 'lufy'"):
+        load_config("code-tiny", "pipelines.yaml", parse_overrides(["methods=[grpo+lufy]"]))
+    # an import path stands for the name its class was registered under
+    cfg = load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=agent_r1.algorithms.demos:ReliftMethod"]))
+    assert cfg.rl.demos == "relift" and cfg.rl.method == "grpo+relift"
+    with pytest.raises(ConfigError, match="'DemoMethod' is not registered"):
+        load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=agent_r1.algorithms.demos:DemoMethod"]))
 
 
 class TwoTurnEnv(TargetEnv):
