@@ -109,7 +109,7 @@ def test_k_goes_down_to_zero_and_then_the_task_gets_no_prefix():
     assert m.prefix(demo, 1).turns == [([5, 6], "")] and m.prefix(demo, 1).tokens == []
     failed = [Trajectory("a", 0, steps=[Step([1], [3], [-1.0])], final_reward=0.0, stop_reason="answer")]
     won = Trajectory("a", 0, steps=[Step([1], [3], [-1.0])], final_reward=1.0, demo=PREFIX, demo_prefix=1)
-    m.end_iteration(failed + [won])
+    m.after_iteration(failed + [won])
     assert m.k == {"a": 0}
     assert m.episodes(failed, rollout=None) == []  # k = 0: the task is on its own (no rollout asked for)
     assert failed_tasks(failed + [won], 1.0) == {0: "a"}  # a prefixed success is not the group's own

@@ -17,7 +17,7 @@ the class's ``__init__``), like the advantage estimators.
 
 A method sees the loop through four hooks the RL driver calls: :meth:`DemoMethod.episodes` (more
 episodes for this rank's groups), :meth:`DemoMethod.after_update` (before the weights reach the
-engine), :meth:`DemoMethod.end_iteration` (every rank's episodes: the method's state moves here,
+engine), :meth:`DemoMethod.after_iteration` (every rank's episodes: the method's state moves here,
 so it is the same on every rank) and :meth:`DemoMethod.state` / :meth:`DemoMethod.load` (the
 resumable state). Demonstrations come from the environment's oracle
 (:func:`agent_r1.sft.demonstration`), built once per task; a method's time per iteration is
@@ -110,6 +110,16 @@ def failed_tasks(trajs: list[Trajectory], success_reward: float) -> dict[int, st
     return {g: task for g, (task, won) in groups.items() if not won}
 
 
+def mark_members(batch, trajs: list[Trajectory]) -> None:
+    """Mark the tokens of the off-policy members of ``batch`` (packed from ``trajs``, a row's
+    ``episode_ids`` its trajectory's index): ``batch.demo_mask`` on their action tokens, which
+    leave the action mask (not sampled) and stay in the loss mask; nothing without a member."""
+    member = torch.tensor([t.demo == MEMBER for t in trajs])[batch.episode_ids]
+    if member.any():
+        batch.demo_mask = batch.action_mask * member[:, None]
+        batch.action_mask = batch.action_mask - batch.demo_mask
+
+
 class DemoMethod:
     """A way of using demonstrations inside the RL loop: every hook does nothing here."""
 
@@ -139,7 +149,7 @@ class DemoMethod:
         """After RL update number ``iteration`` (from 1), before its weights reach the engine."""
         return {}
 
-    def end_iteration(self, trajs: list[Trajectory]) -> dict:
+    def after_iteration(self, trajs: list[Trajectory]) -> dict:
         """Every rank's episodes of the iteration: move the method's state; its metrics, with its
         time (``time/demos_<part>_s``)."""
         stats = {f"time/demos_{k}_s": v for k, v in self.seconds.items()}
@@ -213,9 +223,9 @@ class PrefixMethod(DemoMethod):
         self._spent("rollout", t0)
         return out
 
-    def end_iteration(self, trajs):
+    def after_iteration(self, trajs):
         prefixed = [t for t in trajs if t.demo == PREFIX]
-        stats = super().end_iteration(trajs)
+        stats = super().after_iteration(trajs)
         if not prefixed:
             return stats | {"demos/prefix_episodes": 0}
         won: dict[str, bool] = {}
@@ -249,9 +259,9 @@ class MemberMethod(DemoMethod):
         return [replace(d, group_id=g, steps=list(d.steps), demo=MEMBER) for g, task in groups.items()
                 if (d := self.demo(task)) is not None]
 
-    def end_iteration(self, trajs):
+    def after_iteration(self, trajs):
         members = [t for t in trajs if t.demo == MEMBER]
-        stats = super().end_iteration(trajs) | {"demos/members": len(members)}
+        stats = super().after_iteration(trajs) | {"demos/members": len(members)}
         if members:
             stats["demos/member_reward"] = sum(t.total_reward for t in members) / len(members)
         return stats
@@ -286,11 +296,11 @@ class ReliftMethod(DemoMethod):
         self._step = {"demos/sft_steps": 1, "demos/sft_loss": stats["sft_loss"], "demos/sft_demos": len(demos)}
         return {}
 
-    def end_iteration(self, trajs):
+    def after_iteration(self, trajs):
         routed = [task for task in dict.fromkeys(failed_tasks(trajs, self.success_reward).values())
                   if task not in self.buffer and self.demo(task) is not None]
         self.buffer += routed
-        stats = super().end_iteration(trajs) | {"demos/sft_steps": 0} | self._step
+        stats = super().after_iteration(trajs) | {"demos/sft_steps": 0} | self._step
         self._step = {}
         return stats | {"demos/routed": len(routed), "demos/buffer": len(self.buffer)}
 

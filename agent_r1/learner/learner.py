@@ -466,6 +466,15 @@ class Learner:
         rows = torch.arange(len(batch)).tensor_split(world_size())[rank()] if rows is None else rows
         return self._accumulate(self.engine, batch, rows, "loss_mask", loss_fn)
 
+    def _policy_loss(self, logp: torch.Tensor, prox: torch.Tensor, advantages: torch.Tensor, mb: TrainBatch):
+        """``policy_loss`` over the loss mask; with the demonstrated tokens of an off-policy member
+        (``mb.demo_mask``), LUFFY's shaped weight on those (:func:`with_demonstrated_tokens`)."""
+        kw = self.policy_loss.kwargs(self.cfg)
+        if mb.demo_mask is None:
+            return self.policy_loss(logp, prox, advantages, mb.loss_mask, **kw)
+        return with_demonstrated_tokens(self.policy_loss, logp, prox, advantages, mb.loss_mask, mb.demo_mask,
+                                        self.cfg.shaping_gamma, **kw)
+
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict:
         """PPO-style policy (and critic) epochs over ``batch``.
 
@@ -481,11 +490,7 @@ class Learner:
             mask = mb.loss_mask
             prox = logp.detach() if mb.old_logprobs is None else mb.old_logprobs
             advantages, is_metrics = off_policy_weights(prox, mb, cfg)
-            if mb.demo_mask is not None:  # an off-policy member's tokens: LUFFY's shaped weight
-                loss, metrics = with_demonstrated_tokens(self.policy_loss, logp, prox, advantages, mask, mb.demo_mask,
-                                                         cfg.shaping_gamma, **self.policy_loss.kwargs(cfg))
-            else:
-                loss, metrics = self.policy_loss(logp, prox, advantages, mask, **self.policy_loss.kwargs(cfg))
+            loss, metrics = self._policy_loss(logp, prox, advantages, mb)
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in (metrics | is_metrics).items()}
             metrics["policy/pg_loss"] = loss.detach()

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from agent_r1.algorithms import AdvantageInputs, get_advantage, make_demo_method
-from agent_r1.algorithms.demos import MEMBER, sampled
+from agent_r1.algorithms.demos import mark_members, sampled
 from agent_r1.config import RFT, ConfigError, HealthConfig, RLConfig, RunConfig, parse_method, val_hint
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
@@ -200,10 +200,7 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
     batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
     batch.info = info
-    member = torch.tensor([t.demo == MEMBER for t in trajs])[batch.episode_ids]
-    if member.any():  # a demonstration in its group: trained on, never counted as sampled
-        batch.demo_mask = batch.action_mask * member[:, None]
-        batch.action_mask = batch.action_mask - batch.demo_mask
+    mark_members(batch, trajs)  # a demonstration in its group: trained on, never counted as sampled
     if cfg.overlong_filter:
         cut = torch.tensor([t.stop_reason in cfg.overlong_filter for t in trajs])
         batch.loss_mask = batch.loss_mask * ~cut[batch.episode_ids][:, None]
@@ -300,7 +297,7 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     it, cfg = trainer.iteration, trainer.cfg
     every, trajs = trajs, sampled(trajs)  # the policy's own episodes: no demonstration in them
     if trainer.demos is not None:
-        stats = {**stats, **trainer.demos.end_iteration(every)}
+        stats = {**stats, **trainer.demos.after_iteration(every)}
     if trainer.curriculum is not None:
         stats = {**stats, **trainer.curriculum.update(trajs)}
     stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine_stats.items()},

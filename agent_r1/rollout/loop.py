@@ -59,18 +59,13 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     environment's counters and the metrics its ``final_reward`` reported; ``metric_aggs`` says how
     each declared metric aggregates over a batch (agent_r1/envs/metrics.py).
 
-    ``prefixes`` (one per task, None for none) start episodes from a :class:`Prefix`: its turns are
-    played before the first sampled turn (their step rewards are not the episode's), and its tokens
-    begin that turn: the environment reads the prefix tokens and the sampled ones as one turn, while
-    the step records the prefix tokens as context and only the sampled ones as its action.
+    ``prefixes`` (one per task, None for none) start episodes from a :class:`Prefix` (see :func:`_start`).
     """
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
     trajs = [Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
              for i, task in enumerate(tasks)]
-    prefixes = prefixes or [None] * len(tasks)
-    ctxs, active = _start(envs, trajs, tasks, context, params, max_context_tokens, prefixes)
-    pending = {i: list(p.tokens) for i, p in enumerate(prefixes) if p is not None and p.tokens}  # first turn's start
+    ctxs, active, pending = _start(envs, trajs, tasks, context, params, max_context_tokens, prefixes)
     turn = 0
     while active:
         if on_turn:
@@ -98,11 +93,17 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
 
 
 def _start(envs: list, trajs: list[Trajectory], tasks: list[dict], context: ContextManager, params: SamplingParams,
-           max_context_tokens: int | None, prefixes: list[Prefix | None]) -> tuple[dict, list[int]]:
+           max_context_tokens: int | None, prefixes: list[Prefix | None] | None) -> tuple[dict, list[int], dict]:
     """Reset every episode's environment and play its prefix's turns: the contexts of those that
-    start and the indices of those that go to the engine (not the ones whose reset raised, nor
+    start, the indices of those that go to the engine (not the ones whose reset raised, nor
     those whose prompt leaves no room for a turn: :func:`_no_room`, ended here before their first
-    turn, unrewarded)."""
+    turn, unrewarded) and the prefix tokens that begin their first sampled turn.
+
+    A prefix's turns are played through the environment and the context before the first sampled
+    turn (their step rewards are not the episode's); its tokens begin that turn: the environment
+    reads the prefix tokens and the sampled ones as one turn, while the step records the prefix
+    tokens as context and only the sampled ones as its action."""
+    prefixes = prefixes or [None] * len(tasks)
     ctxs, active = {}, []
     for i, (env, task, prefix) in enumerate(zip(envs, tasks, prefixes)):
         try:
@@ -126,7 +127,7 @@ def _start(envs: list, trajs: list[Trajectory], tasks: list[dict], context: Cont
             raise
         except Exception as e:  # noqa: BLE001 - as in a step
             _env_error(trajs[i], envs[i], e)
-    return ctxs, active
+    return ctxs, active, {i: list(p.tokens) for i, p in enumerate(prefixes) if p is not None and p.tokens}
 
 
 def play_policy(make_env: Callable[[], ToolEnv], tasks: list[dict], turn: Callable[[ToolEnv, dict, int], str]) -> list[Trajectory]:
