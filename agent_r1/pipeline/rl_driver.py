@@ -247,9 +247,9 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     t0 = time.perf_counter()
     update = _rft_update(trainer.learner, batch) if trainer.cfg.algorithm == RFT else trainer.learner.update(batch, trainer.rng)
     stats = batch.info | update
+    stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
     if trainer.demos is not None:  # e.g. relift's SFT step, before the weights reach the engine
         stats |= trainer.demos.after_update(trainer.learner, trainer.iteration + 1, trainer.tokenizer.pad_token_id)
-    stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
     if trainer.cfg.max_staleness:  # the rollout thread loads them before its next batch
         t0 = time.perf_counter()
         path = trainer.engine.new_weights_path()
