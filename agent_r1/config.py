@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
-from agent_r1.algorithms import ADVANTAGES, AGG_MODES, KL_KINDS, POLICY_LOSSES, registered_name
+from agent_r1.algorithms import ADVANTAGES, AGG_MODES, DEMO_METHODS, KL_KINDS, POLICY_LOSSES, registered_name
+from agent_r1.algorithms.demos import demo_settings, registered_demo_method
 from agent_r1.data.code_tasks import KINDS as CODE_KINDS
 from agent_r1.data.hotpotqa import HOTPOTQA_QTYPES
 from agent_r1.data.synthetic import QTYPES, WorldConfig, name_capacity
@@ -182,18 +183,22 @@ class SFTConfig(_Strict):
 _SUFFIXES = (("_no_loss_mask", "loss_mask"), ("_no_adv_mask", "adv_mask"), ("_outcome", "process_rewards"))
 
 
-def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True, process_rewards: bool = True) -> str:
+def method_name(algorithm: str, loss_mask: bool = True, adv_mask: bool = True, process_rewards: bool = True,
+                demos: str | None = None) -> str:
     """The name an RL method's results are reported under: the estimator's report name (gae →
     ``ppo``), with ``_no_loss_mask`` or ``_no_adv_mask`` for an ablated mask, ``_outcome`` for
-    training on the final reward alone (``rl.process_rewards: false``)."""
+    training on the final reward alone (``rl.process_rewards: false``), and ``+<demos>`` for a
+    demonstration method (``rl.demos``)."""
     name = ADVANTAGES[algorithm].report_name if algorithm in ADVANTAGES else algorithm
     flags = {"loss_mask": loss_mask, "adv_mask": adv_mask, "process_rewards": process_rewards}
-    return name + "".join(suffix for suffix, key in _SUFFIXES if not flags[key])
+    return name + "".join(suffix for suffix, key in _SUFFIXES if not flags[key]) + (f"+{demos}" if demos else "")
 
 
 def parse_method(method: str) -> dict:
-    """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``."""
-    flags = {"loss_mask": True, "adv_mask": True, "process_rewards": True}
+    """Inverse of :func:`method_name`: ``"ppo_no_adv_mask"`` → ``{"algorithm": "gae", ...}``,
+    ``"grpo_outcome+prefix"`` → ``{"algorithm": "grpo", "process_rewards": False, "demos": "prefix", ...}``."""
+    method, _, demos = method.partition("+")
+    flags = {"loss_mask": True, "adv_mask": True, "process_rewards": True, "demos": demos or None}
     for suffix, key in reversed(_SUFFIXES):
         if method.endswith(suffix):
             method, flags[key] = method[: -len(suffix)], False
@@ -282,13 +287,27 @@ class RLConfig(_Strict):
     synchronous loop (sample, update, sync the weights). η ≥ 1: the next iterations' episodes are sampled on the server
     while the learner updates; no episode an update trains on comes from a policy more than η updates older
     (rollout/staleness_mean, rollout/staleness_max), and the loss corrects for it (rl.learner.off_policy_correction)."""
+    demos: str | None = None
+    """Demonstrations inside RL (docs/algorithms.md): a method registered in agent_r1.algorithms.demos. prefix (R³,
+    BREAD): a task whose group got no success gets episodes that start from the first steps of its demonstration (a
+    prefix that is context, shortened as they succeed); member (LUFFY): the demonstration joins its group, off-policy,
+    weighted by rl.learner.shaping_gamma; relift (ReLIFT): the demonstrations of failed groups go to an SFT buffer
+    trained between RL updates. Or the import path of a class registered with @register_demo_method (`module:Cls`,
+    `path/to/file.py:Cls`). Reported as <method>+<demos> (e.g. grpo+prefix); null: none."""
+
+    @field_validator("demos")
+    @classmethod
+    def _demos(cls, v: str | None) -> str | None:
+        return v if v is None else registered_demo_method(v)
+    demo_settings: dict[str, bool | int | float | str] = {}
+    """The demonstration method's own settings, e.g. {episodes: 2, shrink: 0.5} (prefix), {sft_every: 2} (relift)."""
     learner: LearnerConfig = LearnerConfig()
     """The DeepSpeed learner's optimizer and loss settings."""
 
     @property
     def method(self) -> str:
         """The name this RL method's results are reported under (see :func:`method_name`)."""
-        return method_name(self.algorithm, self.loss_mask, self.adv_mask, self.process_rewards)
+        return method_name(self.algorithm, self.loss_mask, self.adv_mask, self.process_rewards, self.demos)
 
 
 class VLLMConfig(_Strict):
@@ -504,6 +523,29 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
                        f"its settings: {sorted(est.settings) or 'none'}")
     if cfg.rl.dynamic_sampling and cfg.rl.group_size < 2:
         out.append(f"rl.dynamic_sampling: compares the episodes of a task; it needs group_size >= 2, got {cfg.rl.group_size}")
+    return out + _demos_problems(cfg)
+
+
+def _demos_problems(cfg: RunConfig) -> list[str]:
+    """``rl.demos`` (and each method's ``+<demos>``) names a registered method that takes ``rl.demo_settings``,
+    with an estimator, in the synchronous loop."""
+    named = {(m, parse_method(m)["demos"]) for m in cfg.methods} | {("rl.demos", cfg.rl.demos)}
+    out = []
+    for name in sorted({n for _, n in named if n}):
+        if name not in DEMO_METHODS:
+            where = "rl.demos" if ("rl.demos", name) in named else f"methods: {next(m for m, n in named if n == name)}"
+            out.append(f"{where}: unknown demonstration method {name!r}; known: {', '.join(sorted(DEMO_METHODS))}")
+            continue
+        unknown = sorted(set(cfg.rl.demo_settings) - set(demo_settings(name)))
+        if unknown:
+            out.append(f"rl.demo_settings: demonstration method {name!r} has no setting(s) {unknown}; "
+                       f"its settings: {sorted(demo_settings(name)) or 'none'}")
+    if cfg.rl.demos and cfg.rl.algorithm == RFT:
+        out.append(f"rl.demos: {cfg.rl.demos} puts demonstrations in the RL update; rl.algorithm {RFT} has none (use an "
+                   "estimator, e.g. grpo)")
+    if cfg.rl.demos and cfg.rl.max_staleness:
+        out.append(f"rl.demos: {cfg.rl.demos} acts on each batch's results before the next is sampled; rollouts ahead "
+                   "of the learner (rl.max_staleness ≥ 1) have not seen them; use rl.max_staleness: 0")
     return out
 
 
@@ -546,7 +588,8 @@ def _choice_problems(cfg: RunConfig) -> list[str]:
     for m in cfg.methods:
         if parse_method(m)["algorithm"] not in (*ADVANTAGES, RFT):
             out.append(f"methods: unknown method {m!r}; known algorithms: {sorted(ADVANTAGES)} "
-                       f"(ppo = gae) and {RFT}, optionally with _no_loss_mask or _no_adv_mask")
+                       f"(ppo = gae) and {RFT}, optionally with _no_loss_mask or _no_adv_mask, and +<demos> "
+                       f"({', '.join(sorted(DEMO_METHODS))})")
     if len(set(cfg.methods)) < len(cfg.methods):
         out.append(f"methods: a method is listed twice in {cfg.methods}")
     known = {"synthetic": tuple(QTYPES), "hotpotqa": HOTPOTQA_QTYPES, "code": tuple(CODE_KINDS)}.get(cfg.data.source)

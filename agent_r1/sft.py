@@ -23,30 +23,41 @@ def oracle_episode(env, task: dict) -> tuple[list[dict], list[tuple[str, list[di
     """The opening messages and the (assistant text, observation messages) turns of the
     environment's oracle for `task` (``env.oracle_turns``), played through ``env.step`` so the
     real tools write the observations; no turns when the environment has no oracle for it."""
+    messages, played = _played_oracle(env, task)
+    return messages, [(text, res.observation) for text, res in played]
+
+
+def _played_oracle(env, task: dict) -> tuple[list[dict], list[tuple[str, object]]]:
+    """The opening messages and the (assistant text, ``EnvStep``) of each oracle turn played."""
     messages = env.reset(task)
-    turns = []
+    played = []
     for text in env.oracle_turns(task) or []:
         res = env.step(text)
-        turns.append((text, res.observation))
+        played.append((text, res))
         if res.done:
             break
-    return messages, turns
+    return messages, played
 
 
 def demonstration(env, task: dict, context: ContextManager) -> Trajectory | None:
     """One oracle episode (:func:`oracle_episode`) tokenized exactly as a rollout would have
-    seen it; None when the environment has no oracle turns for the task."""
-    messages, turns = oracle_episode(env, task)
-    if not turns:
+    seen it, with the rewards the environment gave it (step rewards, and the final reward and
+    stop reason when the oracle ended the episode); None when the environment has no oracle
+    turns for the task."""
+    messages, played = _played_oracle(env, task)
+    if not played:
         return None
     tok = context.tokenizer
     ctx = context.start(messages)
     traj = Trajectory(task_id=str(task["id"]), group_id=0)
-    for text, obs in turns:
+    for text, res in played:
         ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
-        traj.steps.append(Step(context_ids=context.context_ids(ctx), action_ids=ids, action_logprobs=[0.0] * len(ids), action_text=text, observation=obs))
-        if obs:
-            context.observe(ctx, ids, obs)
+        traj.steps.append(Step(context_ids=context.context_ids(ctx), action_ids=ids, action_logprobs=[0.0] * len(ids),
+                               action_text=text, observation=res.observation, reward=float(res.reward)))
+        if res.observation:
+            context.observe(ctx, ids, res.observation)
+        if res.done:
+            traj.final_reward, traj.stop_reason, traj.answer = float(res.info.final_reward), res.info.stop_reason, res.info.answer
     return traj
 
 

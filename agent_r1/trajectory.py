@@ -53,6 +53,11 @@ class Trajectory:
     # the policy that sampled it: how many updates its weights had seen (rl.max_staleness bounds how
     # far it may lag the learner's when an update trains on it)
     policy_version: int = 0
+    # how the task's demonstration took part (agent_r1.algorithms.demos): "" sampled by the policy; "prefix" started
+    # from the first ``demo_prefix`` steps (or, for a one-step demonstration, tokens) of it, which are context, not
+    # sampled; "member" the demonstration itself, an off-policy member of its group
+    demo: str = ""
+    demo_prefix: int = 0
 
     @property
     def total_reward(self) -> float:
@@ -92,6 +97,7 @@ def from_frame(df: pd.DataFrame) -> list[Trajectory]:
                           answer=None if pd.isna(first.answer) else str(first.answer),
                           error=None if pd.isna(first.error) else str(first.error),
                           policy_version=int(first.get("policy_version", 0)),
+                          demo=str(first.get("demo", "")), demo_prefix=int(first.get("demo_prefix", 0)),
                           **{k: json.loads(first[k]) for k in _TRAJ_JSON})
         for rec in rows.to_dict("records"):
             kw = {k: rec[k] for k in Step.__dataclass_fields__ if k in rec}  # older files lack state_key
@@ -234,6 +240,9 @@ class TrainBatch:
     - ``behaviour_logprobs`` [B, T]: ``sample_logprobs`` when the episodes may come from an older
       policy than the learner's (``rl.max_staleness`` ≥ 1): the update corrects for it
       (``rl.learner.off_policy_correction``);
+    - ``demo_mask`` [B, T]: 1 on the demonstrated tokens of an off-policy member of a group (``Trajectory.demo``
+      "member"): in the loss mask, not in the action mask (not sampled), trained with their own weight
+      (:func:`~agent_r1.algorithms.losses.with_demonstrated_tokens`);
     - ``info``: counts of how the batch was built (``rl.dynamic_sampling``, ``rl.overlong_filter``), logged with
       the update's metrics.
     """
@@ -255,6 +264,7 @@ class TrainBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     behaviour_logprobs: torch.Tensor | None = None
+    demo_mask: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ from agent_r1.algorithms.advantages import (
     rloo,
     step_gae,
 )
+from agent_r1.algorithms.demos import DEMO_METHODS, DemoMethod, make_demo_method, register_demo_method
 from agent_r1.algorithms.losses import (
     AGG_MODES,
     KL_KINDS,
@@ -24,6 +25,7 @@ from agent_r1.algorithms.losses import (
     ppo_clip_loss,
     vanilla_pg_loss,
     value_loss,
+    with_demonstrated_tokens,
 )
 from agent_r1.algorithms.registry import (
     ADVANTAGES,
@@ -39,10 +41,12 @@ from agent_r1.algorithms.registry import (
 
 __all__ = [
     "ADVANTAGES",
+    "DEMO_METHODS",
     "AGG_MODES",
     "KL_KINDS",
     "POLICY_LOSSES",
     "AdvantageInputs",
+    "DemoMethod",
     "Estimator",
     "PolicyLoss",
     "aggregate",
@@ -56,9 +60,11 @@ __all__ = [
     "gspo_loss",
     "kl_penalty",
     "logprobs_from_logits",
+    "make_demo_method",
     "masked_whiten",
     "ppo_clip_loss",
     "register_advantage",
+    "register_demo_method",
     "register_policy_loss",
     "registered_name",
     "reinforce_pp",
@@ -67,4 +73,5 @@ __all__ = [
     "step_gae",
     "vanilla_pg_loss",
     "value_loss",
+    "with_demonstrated_tokens",
 ]

@@ -134,6 +134,35 @@ def vanilla_pg_loss(
     return aggregate(loss, mask, agg), {"approx_kl": _approx_kl(logprobs, old_logprobs, mask)}
 
 
+def with_demonstrated_tokens(policy_loss, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                             demo_mask: Tensor, gamma: float = 0.1, agg: str = "token-mean",
+                             **settings) -> tuple[Tensor, dict[str, float]]:
+    """A policy loss over sampled tokens and demonstrated ones (an off-policy member of a group):
+    ``policy_loss(logprobs, old_logprobs, advantages, mask & ~demo, agg=agg, **settings)`` on the
+    sampled tokens, and LUFFY's policy shaping on the demonstrated ones (Yan et al. 2025, "Learning
+    to Reason under Off-Policy Guidance", arXiv:2504.14945): ``-A * f(pi)`` with
+    ``f(pi) = pi / (pi + gamma)``, ``pi = exp(logprobs)``, no clip (the demonstration's own
+    probability is taken as 1, so ``f`` is its importance weight, shaped). Its gradient is
+    ``-A * gamma * pi / (pi + gamma)^2 * grad log pi``: larger on the tokens the policy finds
+    unlikely than plain imitation's ``pi`` weighting would be. The two parts are averaged by
+    their share of the aggregation's units (tokens for ``token-mean``, rows otherwise; a row is
+    all demonstrated or all sampled), so the result is the aggregate over every loss token.
+    Metrics: the policy loss's (of the sampled tokens) and ``demo_prob``, the mean pi of the
+    demonstrated tokens."""
+    m, d = mask.bool(), demo_mask.bool() & mask.bool()
+    on, off = m & ~d, d
+    loss_on, metrics = policy_loss(logprobs, old_logprobs, advantages, on, agg=agg, **settings)
+    pi = logprobs.exp()
+    loss_off = aggregate(-advantages * pi / (pi + gamma), off, agg)
+
+    def units(x: Tensor) -> float:
+        return float(x.sum()) if agg == "token-mean" else float((x.sum(-1) > 0).sum())
+
+    n_on, n_off = units(on), units(off)
+    loss = (loss_on * n_on + loss_off * n_off) / max(n_on + n_off, 1.0)
+    return loss, metrics | {"demo_prob": aggregate(pi.detach(), off, "token-mean").item()}
+
+
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
     """Per-token estimate of KL(policy || ref) from samples of the policy.
 

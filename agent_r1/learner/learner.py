@@ -27,6 +27,7 @@ from agent_r1.algorithms import (
     kl_penalty,
     logprobs_from_logits,
     value_loss,
+    with_demonstrated_tokens,
 )
 from agent_r1.atomic import replace_dir
 from agent_r1.dicts import deep_merge
@@ -93,6 +94,9 @@ class LearnerConfig(BaseModel):
     `none`: no weight (stale episodes are trained on as if sampled by π_prox)."""
     is_cap: float = Field(2.0, gt=1)
     """The cap on the importance weight w of off_policy_correction."""
+    shaping_gamma: float = Field(0.1, gt=0)
+    """γ of LUFFY's policy shaping f(π) = π/(π+γ), the weight of the demonstrated tokens of an off-policy member of a
+    group (rl.demos: member), unclipped; the sampled tokens keep policy_loss."""
     temperature: float = Field(1.0, gt=0)  # logits are divided by the rollout temperature
     """Logits are divided by it when computing log-probs for the update; in a pipeline it must equal rl.temperature
     (the config rejects a mismatch)."""
@@ -462,6 +466,15 @@ class Learner:
         rows = torch.arange(len(batch)).tensor_split(world_size())[rank()] if rows is None else rows
         return self._accumulate(self.engine, batch, rows, "loss_mask", loss_fn)
 
+    def _policy_loss(self, logp: torch.Tensor, prox: torch.Tensor, advantages: torch.Tensor, mb: TrainBatch):
+        """``policy_loss`` over the loss mask; with the demonstrated tokens of an off-policy member
+        (``mb.demo_mask``), LUFFY's shaped weight on those (:func:`with_demonstrated_tokens`)."""
+        kw = self.policy_loss.kwargs(self.cfg)
+        if mb.demo_mask is None:
+            return self.policy_loss(logp, prox, advantages, mb.loss_mask, **kw)
+        return with_demonstrated_tokens(self.policy_loss, logp, prox, advantages, mb.loss_mask, mb.demo_mask,
+                                        self.cfg.shaping_gamma, **kw)
+
     def update(self, batch: TrainBatch, generator: torch.Generator | None = None) -> dict:
         """PPO-style policy (and critic) epochs over ``batch``.
 
@@ -477,7 +490,7 @@ class Learner:
             mask = mb.loss_mask
             prox = logp.detach() if mb.old_logprobs is None else mb.old_logprobs
             advantages, is_metrics = off_policy_weights(prox, mb, cfg)
-            loss, metrics = self.policy_loss(logp, prox, advantages, mask, **self.policy_loss.kwargs(cfg))
+            loss, metrics = self._policy_loss(logp, prox, advantages, mb)
             entropy = aggregate(ent, mask, cfg.loss_agg)
             metrics = {f"policy/{k}": v for k, v in (metrics | is_metrics).items()}
             metrics["policy/pg_loss"] = loss.detach()

@@ -13,7 +13,9 @@ What an estimator needs (a critic, groups, its settings) comes from its registry
 (:mod:`agent_r1.algorithms.registry`): a new estimator needs no edit here. The method ``rft``
 (rejection-sampling fine-tuning) runs in the same loop: episodes of the same tasks (every method of
 a run draws the same tasks each iteration), then an SFT step on the action tokens of those whose
-final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`).
+final reward reaches ``rl.rft_threshold`` (:func:`rft_batch`). A demonstration method
+(``rl.demos``, :mod:`agent_r1.algorithms.demos`) acts through its hooks: more episodes after the
+rollout, a step after the update, its state at the end of the iteration.
 
 With ``eval.every`` the trainer draws the held-out curve: at iteration 0 (the start model), every
 ``eval.every`` iterations and at the last, greedy episodes on the same held-out tasks
@@ -33,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from agent_r1.algorithms import AdvantageInputs, get_advantage
+from agent_r1.algorithms import AdvantageInputs, get_advantage, make_demo_method
+from agent_r1.algorithms.demos import mark_members, sampled
 from agent_r1.config import RFT, ConfigError, HealthConfig, RLConfig, RunConfig, parse_method, val_hint
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import aggregate
@@ -52,6 +55,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerp
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
 from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, tasks_for
+from agent_r1.sft import demonstration
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
 
@@ -82,7 +86,8 @@ def sample_episodes(trainer: "RLTrainer") -> list[Trajectory]:
 
     def run() -> list[Trajectory]:  # this rank's shards of the batch (all of it in one process), from the same seeds
         torch.set_rng_state(rng)
-        return rollout_shards(lambda part: _episodes(trainer, part), trainer.batch_tasks, cfg.rollout_shards)
+        trajs = rollout_shards(lambda part: _episodes(trainer, part), trainer.batch_tasks, cfg.rollout_shards)
+        return trajs + (_demo_episodes(trainer, trajs) if trainer.demos is not None else [])
 
     trajs = _with_one_restart(trainer, run)
     for t in trajs:
@@ -101,6 +106,17 @@ def _episodes(trainer: "RLTrainer", tasks: list[dict], generator: torch.Generato
     groups = [i for i in range(len(tasks)) for _ in range(cfg.group_size)]
     return run_episodes(trainer.engine, trainer.make_env, reps, trainer.context, params, groups,
                         trainer.max_context_tokens)
+
+
+def _demo_episodes(trainer: "RLTrainer", trajs: list[Trajectory]) -> list[Trajectory]:
+    """The demonstration method's episodes for this rank's groups (:meth:`DemoMethod.episodes`),
+    sampled like the others."""
+    cfg = trainer.cfg
+    params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens)
+    tasks = {str(t.get("id", i)): t for i, t in enumerate(trainer.batch_tasks)}
+    return trainer.demos.episodes(trajs, lambda ids, groups, prefixes: run_episodes(
+        trainer.engine, trainer.make_env, [tasks[i] for i in ids], trainer.context, params, groups,
+        trainer.max_context_tokens, prefixes=prefixes))
 
 
 def _sample_ahead(trainer: "RLTrainer", j: int, generator: torch.Generator) -> tuple[list[Trajectory], list[dict]]:
@@ -188,6 +204,7 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
     batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
     batch.info = info
+    mark_members(batch, trajs)  # a demonstration in its group: trained on, never counted as sampled
     if cfg.overlong_filter:
         cut = torch.tensor([t.stop_reason in cfg.overlong_filter for t in trajs])
         batch.loss_mask = batch.loss_mask * ~cut[batch.episode_ids][:, None]
@@ -235,6 +252,8 @@ def update_policy(trainer: "RLTrainer", batch: TrainBatch) -> dict:
     update = _rft_update(trainer.learner, batch) if trainer.cfg.algorithm == RFT else trainer.learner.update(batch, trainer.rng)
     stats = batch.info | update
     stats["train_tokens_per_s"] = stats["update/tokens"] / max(time.perf_counter() - t0, 1e-9)
+    if trainer.demos is not None:  # e.g. relift's SFT step, before the weights reach the engine
+        stats |= trainer.demos.after_update(trainer.learner, trainer.iteration + 1, trainer.tokenizer.pad_token_id)
     if trainer.cfg.max_staleness:  # the rollout thread loads them before its next batch
         t0 = time.perf_counter()
         path = trainer.engine.new_weights_path()
@@ -280,6 +299,9 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
                              f"(rl.max_staleness: {trainer.cfg.max_staleness})")
     trainer.iteration += 1
     it, cfg = trainer.iteration, trainer.cfg
+    every, trajs = trajs, sampled(trajs)  # the policy's own episodes: no demonstration in them
+    if trainer.demos is not None:
+        stats = {**stats, **trainer.demos.after_iteration(every)}
     if trainer.curriculum is not None:
         stats = {**stats, **trainer.curriculum.update(trajs)}
     stats = {**stats, **rollout_stats(trajs), **{f"rollout/{k}": v for k, v in trainer.engine_stats.items()},
@@ -299,12 +321,13 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
     trainer.history.append(stats)
     trainer.log.metrics({k: v for k, v in stats.items() if k not in (health.HELDOUT_REWARD, health.HELDOUT_START)}, it)
     if it == 1 or it % (5 * cfg.checkpoint_every) == 0:  # a sample of the rollouts, to read and to replay
-        trainer.log.text(transcripts(trajs, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
+        trainer.log.text(transcripts(every, trainer.batch_tasks, limit=4), f"rollouts/iteration_{it:05d}.md")
         if trainer.files is not None and is_main():
-            save_parquet(trajs, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
+            save_parquet(every, trainer.files.rollouts / f"iteration_{it:05d}.parquet")
     if trainer.files is not None and it % cfg.checkpoint_every == 0 and not trainer.done:
         client = {"step": it, "history": trainer.history, "curve": trainer.curve, "rng": trainer.rng.get_state(),
-                  "torch_rng": torch.get_rng_state(), "curriculum": trainer.curriculum and trainer.curriculum.state()}
+                  "torch_rng": torch.get_rng_state(), "curriculum": trainer.curriculum and trainer.curriculum.state(),
+                  "demos": trainer.demos and trainer.demos.state()}
         save_state(trainer.learner, trainer.files.state, trainer.files.fingerprint, client)
     return stats
 
@@ -405,11 +428,18 @@ class RLTrainer:
         self.heldout, self.every = heldout, every if heldout is not None else 0
         self.progress: Progress | None = None  # run()'s, for the held-out points' progress lines
         self.curriculum = Curriculum(len(tasks), cfg.curriculum) if cfg.curriculum.enabled else None
+        self.demos = None  # the demonstration method (rl.demos), with each task's oracle demonstration
+        if cfg.demos:
+            by_id = {str(t.get("id", i)): t for i, t in enumerate(tasks)}
+            self.demos = make_demo_method(cfg.demos, lambda task_id: demonstration(make_env(), by_id[task_id], context),
+                                          cfg.demo_settings)
         if files is not None and resumable(files.state, files.fingerprint):
             client = self.learner.load_state(files.state)
             self.iteration, self.history, self.curve = client["step"], client["history"], client.get("curve", [])
             if self.curriculum is not None and client.get("curriculum"):
                 self.curriculum.load(client["curriculum"])
+            if self.demos is not None and client.get("demos"):
+                self.demos.load(client["demos"])
             self.rng.set_state(client["rng"])
             torch.set_rng_state(client["torch_rng"])
             log.info("RL %s: resuming after iteration %d of %d from %s", self.method, self.iteration, cfg.iterations,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent_r1.context import ContextManager
@@ -20,9 +21,21 @@ log = logging.getLogger(__name__)
 MAX_STEP_THREADS = 32  # environments stepped at once (each mostly waits on its tools)
 
 
+@dataclass
+class Prefix:
+    """Where an episode starts other than at its prompt: ``turns`` (action ids and text, e.g. a
+    demonstration's first steps) are played through the environment and the context first, and
+    ``tokens`` start the first sampled turn, which the engine continues. Both are context: no step
+    records them as sampled."""
+
+    turns: list[tuple[list[int], str]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
 def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: list[dict], context: ContextManager,
                  params: SamplingParams, group_ids: list[int] | None = None, max_context_tokens: int | None = None,
-                 on_turn: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+                 on_turn: Callable[[int, int], None] | None = None,
+                 prefixes: list[Prefix | None] | None = None) -> list[Trajectory]:
     """Run one episode per task to completion and return their trajectories.
 
     Each turn, the contexts of the episodes still running go to the engine in one batch; each
@@ -45,19 +58,21 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     A finished trajectory has its ``stop_reason`` and ``answer``; its ``metrics`` hold the
     environment's counters and the metrics its ``final_reward`` reported; ``metric_aggs`` says how
     each declared metric aggregates over a batch (agent_r1/envs/metrics.py).
+
+    ``prefixes`` (one per task, None for none) start episodes from a :class:`Prefix` (see :func:`_start`).
     """
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
     trajs = [Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
              for i, task in enumerate(tasks)]
-    ctxs, active = _start(envs, trajs, tasks, context, params, max_context_tokens)
+    ctxs, active, pending = _start(envs, trajs, tasks, context, params, max_context_tokens, prefixes)
     turn = 0
     while active:
         if on_turn:
             on_turn(turn, len(active))
-        contexts = [context.context_ids(ctxs[i]) for i in active]
+        contexts = [context.context_ids(ctxs[i]) + pending.get(i, []) for i in active]
         gens = engine.generate(contexts, params)
-        texts = [_decoded(context.tokenizer, gen) for gen in gens]
+        texts = [_decoded(context.tokenizer, gen, pending.get(i, [])) for i, gen in zip(active, gens)]
         steps = _steps([envs[i] for i in active], texts, [len(c) + len(g.ids) for c, g in zip(contexts, gens)])
         still = []
         for i, ctx_ids, gen, text, res in zip(active, contexts, gens, texts, steps):
@@ -65,7 +80,8 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
                 if isinstance(res, BaseException):
                     raise res
                 key, res = res
-                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, text, key, res, context, params, max_context_tokens):
+                if _advance(envs[i], ctxs[i], trajs[i], ctx_ids, gen, text, key, res, context, params, max_context_tokens,
+                            pending.pop(i, [])):
                     still.append(i)
             except MetricError:
                 raise
@@ -77,14 +93,26 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
 
 
 def _start(envs: list, trajs: list[Trajectory], tasks: list[dict], context: ContextManager, params: SamplingParams,
-           max_context_tokens: int | None) -> tuple[dict, list[int]]:
-    """Reset every episode's environment: the contexts of those that start and the indices of
-    those that go to the engine (not the ones whose reset raised, nor those whose prompt leaves no
-    room for a turn: :func:`_no_room`, ended here before their first turn, unrewarded)."""
+           max_context_tokens: int | None, prefixes: list[Prefix | None] | None) -> tuple[dict, list[int], dict]:
+    """Reset every episode's environment and play its prefix's turns: the contexts of those that
+    start, the indices of those that go to the engine (not the ones whose reset raised, nor
+    those whose prompt leaves no room for a turn: :func:`_no_room`, ended here before their first
+    turn, unrewarded) and the prefix tokens that begin their first sampled turn.
+
+    A prefix's turns are played through the environment and the context before the first sampled
+    turn (their step rewards are not the episode's); its tokens begin that turn: the environment
+    reads the prefix tokens and the sampled ones as one turn, while the step records the prefix
+    tokens as context and only the sampled ones as its action."""
+    prefixes = prefixes or [None] * len(tasks)
     ctxs, active = {}, []
-    for i, (env, task) in enumerate(zip(envs, tasks)):
+    for i, (env, task, prefix) in enumerate(zip(envs, tasks, prefixes)):
         try:
             ctxs[i] = context.start(env.reset(task))
+            for ids, text in prefix.turns if prefix is not None else []:
+                res = env.step(text)
+                if res.done:
+                    raise ValueError(f"a prefix of {len(prefix.turns)} turns ends the episode of task {trajs[i].task_id}")
+                context.observe(ctxs[i], ids, res.observation)
             active.append(i)
         except MetricError:
             raise
@@ -99,7 +127,7 @@ def _start(envs: list, trajs: list[Trajectory], tasks: list[dict], context: Cont
             raise
         except Exception as e:  # noqa: BLE001 - as in a step
             _env_error(trajs[i], envs[i], e)
-    return ctxs, active
+    return ctxs, active, {i: list(p.tokens) for i, p in enumerate(prefixes) if p is not None and p.tokens}
 
 
 def play_policy(make_env: Callable[[], ToolEnv], tasks: list[dict], turn: Callable[[ToolEnv, dict, int], str]) -> list[Trajectory]:
@@ -152,9 +180,10 @@ def _no_room(ctxs: dict, context: ContextManager, params: SamplingParams, max_co
     return full
 
 
-def _decoded(tok, gen) -> str:
-    """A sampled turn as text, for its environment's parser (the trajectory keeps the ids)."""
-    text = tok.decode(gen.ids, skip_special_tokens=False)
+def _decoded(tok, gen, prefix: list[int] = ()) -> str:
+    """A sampled turn (after the ``prefix`` tokens that began it) as text, for its environment's
+    parser (the trajectory keeps the ids)."""
+    text = tok.decode(list(prefix) + gen.ids, skip_special_tokens=False)
     return text[: text.rfind(tok.eos_token)] if gen.finished else text
 
 
@@ -179,9 +208,11 @@ def _steps(envs: list, texts: list[str], context_tokens: list[int]) -> list:
 
 
 def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, key: str | None, res,
-             context: ContextManager, params: SamplingParams, max_context_tokens: int | None) -> bool:
+             context: ContextManager, params: SamplingParams, max_context_tokens: int | None,
+             prefix: list[int] = ()) -> bool:
     """Record one sampled turn, the key of the state it started from and its environment step ``res`` in an
-    episode; True while it goes on."""
+    episode; True while it goes on. ``prefix``: the tokens that began the turn (the end of ``ctx_ids``, not
+    sampled)."""
     info = res.info
     traj.steps.append(
         Step(
@@ -201,7 +232,7 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, key
     if res.done:
         _finish(traj, env, info)
         return False
-    context.observe(ctx, gen.ids, res.observation)
+    context.observe(ctx, list(prefix) + gen.ids, res.observation)
     if max_context_tokens and len(context.context_ids(ctx)) + params.max_new_tokens > max_context_tokens:
         # The next turn cannot fit in the context: end the episode here.
         _finish(traj, env, env.end("token_budget").info)
