@@ -123,6 +123,22 @@ def results_table(results: dict, title: str, timings: dict | None = None) -> Tab
     return table
 
 
+def kinds_table(results: dict, split: str, title: str) -> Table | None:
+    """EM per kind of task (eval.json's ``em_by_qtype``) of ``split``: a row per kind, a column per
+    method; None when the data has no kinds."""
+    methods = {m: r.get("em_by_qtype") or {} for m, r in results.get(split, {}).items()}
+    kinds = sorted({q for by in methods.values() for q in by})
+    if not kinds:
+        return None
+    table = Table(title=title)
+    table.add_column("kind")
+    for m in methods:
+        table.add_column(m, justify="right")
+    for q in kinds:
+        table.add_row(q, *[f"{by[q]:.3f}" if q in by else "" for by in methods.values()])
+    return table
+
+
 def _tracker(track: bool):
     if not track:
         return None
@@ -280,17 +296,40 @@ def evaluate(
     config_file: Path = CONFIG,
     overrides: list[str] = SET,
     track: bool = TRACK,
+    data: Path = typer.Option(None, "--data", help="score these task rows instead of the pipeline's test split: a "
+                              ".jsonl file, or a folder of test.jsonl (and corpus.jsonl where a tool reads one)"),
+    out: Path = typer.Option(None, "--out", help="with --data: the folder it writes (default: "
+                             "outputs/evaluations/<name of --data without .jsonl>)"),
 ):
-    """Held-out evaluation (greedy, fixed seed): EM, F1, format, tool use, search recall, by hops.
+    """Held-out evaluation (greedy, fixed seed): EM, F1, format, tool use, search recall, by hops
+    and by kind of task (qtype).
 
-    A method named `naive_rag` is scored with the Naive RAG protocol (one retrieval with the
-    question, then the answer). Results are merged into <output_dir>/metrics/eval.json.
+    Each checkpoint is evaluated with the env settings it was trained with (system prompt, context
+    budget, environment, tools), except those set here with -s env.<key>=<value>; where they differ
+    from the pipeline's, a warning names them. A method named `naive_rag` is scored with the Naive
+    RAG protocol (one retrieval with the question, then the answer). Results are merged into
+    <output_dir>/metrics/eval.json (replacing one that scored other rows).
+
+    With --data, the rows of a file are prepared and scored in one go, every row of them, with no
+    training file: into --out (data/, metrics/eval.json), not the pipeline's output_dir.
     """
     _quiet_libraries()
+    from agent_r1.config import parse_overrides
     from agent_r1.pipeline import NULL_LOG, StageLog, stages
     from agent_r1.progress import Progress
 
     cfg = _config(pipeline, config_file, overrides)
+    env_set = set(parse_overrides(overrides).get("env") or {})
+    if data is not None:
+        if not sources:
+            _error("error: --data needs the checkpoints to score, e.g. agent-r1 evaluate outputs/code/rl/grpo --data rows.jsonl")
+            raise typer.Exit(2)
+        out = out or Path("outputs") / "evaluations" / data.name.removesuffix(".jsonl")
+        cfg = cfg.model_copy(update={"output_dir": str(out), "data": cfg.data.model_copy(update={"source": "jsonl", "path": str(data)}),
+                                     "eval": cfg.eval.model_copy(update={"split": "test", "every": 0})})
+    elif out is not None:
+        _error("error: --out goes with --data (the pipeline's evaluation writes into its output_dir)")
+        raise typer.Exit(2)
     tracker = _tracker(track)
     run_id, slog = None, NULL_LOG
     if tracker is not None:  # its own MLflow run, apart from any unfinished pipeline run
@@ -298,7 +337,13 @@ def evaluate(
         slog = StageLog(tracker, tracker.stage_run(run_id, "evaluate"))
     status = "FAILED"
     try:
-        results = stages.evaluate(cfg, slog, Progress(), _sources(sources), tracker, merge=sources is not None)
+        checkpoints = _sources(sources)
+        if data is not None:  # the rows are checked against the env the (first) checkpoint was trained with
+            checkpoints = {m: stages.checkpoint_folder(cfg, m, src, tracker) for m, src in checkpoints.items()}
+            first = next(iter(checkpoints.values()))
+            info = stages.prepare(stages.trained_config(cfg, first, env_set, warn=False), slog)
+            console.print(f"prepared {info['test_questions']} rows of {data} into {cfg.out / 'data'}")
+        results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None, env_set=env_set)
         status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
         _error(str(e))
@@ -308,6 +353,8 @@ def evaluate(
             slog.end(status)
             tracker.end_run(run_id, status)
     console.print(results_table(results, f"held-out evaluation ({cfg.name}, split {cfg.eval.split})"))
+    if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+        console.print(kinds)
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
 
 
@@ -338,7 +385,7 @@ def show(
     model, tokenizer = load_model(source)
     data_dir = cfg.out / "data"
     tasks = tasks_for(load_split(data_dir, cfg.eval.split), [hops], n, cfg.seed)
-    agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg, NaiveRAGEnv if naive_rag else None)
+    agent = Agent(model, tokenizer, make_tools(cfg, data_dir, cfg.eval.split), cfg, NaiveRAGEnv if naive_rag else None)
     _, trajs = evaluate_agent(agent, tasks)
     text = transcripts(trajs, tasks, limit=n)
     console.print(Markdown(text))
@@ -363,7 +410,7 @@ def recall(
     cfg = _config(pipeline, config_file, overrides)
     data_dir = cfg.out / "data"
     test = load_split(data_dir, cfg.eval.split)
-    result = retrieval_recall(SearchIndex(load_corpus(data_dir)), test.to_dict("records"), tuple(k))
+    result = retrieval_recall(SearchIndex(load_corpus(data_dir, cfg.eval.split)), test.to_dict("records"), tuple(k))
     table = Table(title=f"search recall@k for the raw question ({cfg.name}, split {cfg.eval.split})")
     for col in ["questions", "n", *[f"recall@{x}" for x in k]]:
         table.add_column(col, justify="left" if col == "questions" else "right")

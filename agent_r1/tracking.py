@@ -94,7 +94,8 @@ class _AgentRegistry:
         """Log a Hugging Face checkpoint folder as a ``transformers`` model of run ``run_id``,
         register it as a new version of ``registered_name``, point ``alias`` at it and tag it.
 
-        Returns the version. :meth:`load_agent` gives the folder back.
+        Returns the version. :meth:`load_agent` gives the folder back, with the settings file the
+        checkpoint was trained with (``agent_r1.checkpoints.SETTINGS_FILE``) where it has one.
         """
         import mlflow.transformers
         import transformers
@@ -102,6 +103,7 @@ class _AgentRegistry:
         from mlflow.exceptions import MlflowException
         from mlflow.models import Model
 
+        from agent_r1.checkpoints import SETTINGS_FILE
         from agent_r1.models import load_model
 
         checkpoint_dir = Path(checkpoint_dir).resolve()  # an absolute path is never taken for a hub id
@@ -121,6 +123,10 @@ class _AgentRegistry:
                 pip_requirements=["torch", f"transformers=={transformers.__version__}"],
                 model_card=_model_card(registered_name),
             )
+            settings = checkpoint_dir / SETTINGS_FILE  # the env settings it was trained with travel with it
+            if settings.exists():
+                weights = next(p.parent for p in sorted(Path(tmp, "model").rglob("config.json")))
+                shutil.copy(settings, weights / SETTINGS_FILE)
             self.client.log_model_artifacts(logged.model_id, f"{tmp}/model")
         self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])

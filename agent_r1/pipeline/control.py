@@ -15,9 +15,9 @@ from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.models import load_model
 from agent_r1.pipeline.rl_driver import curve_path, matched_method, rl_seconds
-from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config, write_json
+from agent_r1.pipeline.state import checkpoint_dir, record_settings, sft_learner_config, trained_with, write_json
 from agent_r1.progress import Progress
-from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
+from agent_r1.run import Agent, curve_agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
 from agent_r1.sft import sft as sft_loop
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     curve, due = rl_curve[:1], rl_curve[1:]  # RL's iteration 0 is this model too
     rl_wall = max((p["wall_s"] for p in rl_curve), default=0.0) or 1.0
     rl_episodes = max((p["episodes"] for p in rl_curve), default=0)  # x: the same share of RL's episodes
-    tasks = curve_tasks(cfg) if due else []
+    tasks, held_agent = (curve_tasks(cfg), curve_agent(agent, cfg)) if due else ([], agent)
     seed, t0, held_s = cfg.seed, time.perf_counter(), 0.0
 
     def trained_s() -> float:  # training time so far, the curve's evaluations left out
@@ -56,7 +56,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
 
     def point(share: float, rl_point: dict) -> None:  # at the share of its time where RL's curve has rl_point
         nonlocal held_s
-        metrics = heldout_point(agent, tasks, progress, f"heldout sft_control @ {share:.0%}")
+        metrics = heldout_point(held_agent, tasks, progress, f"heldout sft_control @ {share:.0%}")
         held_s += metrics["eval_s"]
         curve.append({"iteration": rl_point["iteration"], "episodes": round(share * rl_episodes), "wall_s": share * seconds,
                       **metrics})
@@ -81,7 +81,9 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
             point(p["wall_s"] / rl_wall, p)
     if rl_curve:
         write_json(curve_path(cfg, "sft_control"), curve)
-    return learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+    out = learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+    record_settings(out, trained_with(cfg))
+    return out
 
 
 def _rl_curve(cfg: RunConfig) -> list[dict]:
