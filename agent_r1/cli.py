@@ -184,6 +184,8 @@ def train(
         record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
         shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop") or k.startswith("curve_")}
         console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
+        if kinds := kinds_table(out["eval"], cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+            console.print(kinds)
         console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
         if look := needs_a_look(out["health"]):
             console.print(f"[yellow]needs a look: the run raised health alarms ({look}; docs/health.md)[/yellow]")
@@ -271,6 +273,8 @@ def stage(
         elif name == "evaluate":
             results = stages.evaluate(cfg, slog, Progress())
             console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))
+            if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+                console.print(kinds)
         else:
             console.print(f"wrote {getattr(stages, name)(cfg, slog, Progress())}")
     if name == STAGES[-1]:

@@ -124,7 +124,7 @@ def _prepare_jsonl(src: Path, out: Path, env_cls: type[ToolEnv]) -> Path:
         raise DataError(f"{files['test']}: {len(shared)} task id(s) also in {files['train']}, "
                         f"e.g. {min(shared)!r}: a task must be in one split only")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("corpus", *ALL_SPLITS):  # what an earlier prepare into this folder left
+    for stale in ("corpus", "val_corpus", *ALL_SPLITS):  # what an earlier prepare into this folder left
         (out / f"{stale}.parquet").unlink(missing_ok=True)
     if src.is_dir() and (src / "corpus.jsonl").exists():
         rows, _ = _read_jsonl(src / "corpus.jsonl")
