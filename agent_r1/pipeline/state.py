@@ -9,6 +9,7 @@ Layout::
     metrics/sft_history.json                  sft            (DVC plots)
     metrics/train/<method>.json               train          (per-iteration RL metrics; DVC plots)
     metrics/eval.json                         evaluate       (split -> method -> metrics; DVC metrics)
+    metrics/eval_data.json                    evaluate       (the rows it scored: data version, split)
     metrics/register.json                     register       (version, alias, why)
     state/                                    resume points  (never a DVC output)
 """
