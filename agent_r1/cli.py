@@ -318,6 +318,7 @@ def evaluate(
     training file: into --out (data/, metrics/eval.json), not the pipeline's output_dir.
     """
     _quiet_libraries()
+    from agent_r1.checkpoints import trained_settings, validate_checkpoint
     from agent_r1.config import parse_overrides
     from agent_r1.pipeline import NULL_LOG, StageLog, stages
     from agent_r1.progress import Progress
@@ -327,6 +328,9 @@ def evaluate(
     if data is not None:
         if not sources:
             _error("error: --data needs the checkpoints to score, e.g. agent-r1 evaluate outputs/code/rl/grpo --data rows.jsonl")
+            raise typer.Exit(2)
+        if not data.exists():
+            _error(f"error: --data: {data} not found (a .jsonl file of task rows, or a folder with test.jsonl)")
             raise typer.Exit(2)
         out = out or Path("outputs") / "evaluations" / data.name.removesuffix(".jsonl")
         cfg = cfg.model_copy(update={"output_dir": str(out), "data": cfg.data.model_copy(update={"source": "jsonl", "path": str(data)}),
@@ -344,7 +348,13 @@ def evaluate(
         checkpoints = _sources(sources)
         if data is not None:  # the rows are checked against the env the (first) checkpoint was trained with
             checkpoints = {m: stages.checkpoint_folder(cfg, m, src, tracker) for m, src in checkpoints.items()}
+            for folder in checkpoints.values():  # a missing checkpoint named before the rows are checked
+                validate_checkpoint(folder)
             first = next(iter(checkpoints.values()))
+            if not (Path(first).is_dir() and trained_settings(first)):
+                console.print(f"warning: {first} records no env settings (not a checkpoint folder a pipeline wrote): the "
+                              f"rows are checked against pipeline {cfg.name!r}'s env ({cfg.env.name})", style="yellow",
+                              markup=False, highlight=False, soft_wrap=True)
             info = stages.prepare(stages.trained_config(cfg, first, env_set, warn=False), slog)
             console.print(f"prepared {info['test_questions']} rows of {data} into {cfg.out / 'data'}")
         results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None, env_set=env_set)
