@@ -318,7 +318,6 @@ def evaluate(
     training file: into --out (data/, metrics/eval.json), not the pipeline's output_dir.
     """
     _quiet_libraries()
-    from agent_r1.checkpoints import trained_settings, validate_checkpoint
     from agent_r1.config import parse_overrides
     from agent_r1.pipeline import NULL_LOG, StageLog, stages
     from agent_r1.progress import Progress
@@ -326,15 +325,7 @@ def evaluate(
     cfg = _config(pipeline, config_file, overrides)
     env_set = set(parse_overrides(overrides).get("env") or {})
     if data is not None:
-        if not sources:
-            _error("error: --data needs the checkpoints to score, e.g. agent-r1 evaluate outputs/code/rl/grpo --data rows.jsonl")
-            raise typer.Exit(2)
-        if not data.exists():
-            _error(f"error: --data: {data} not found (a .jsonl file of task rows, or a folder with test.jsonl)")
-            raise typer.Exit(2)
-        out = out or Path("outputs") / "evaluations" / data.name.removesuffix(".jsonl")
-        cfg = cfg.model_copy(update={"output_dir": str(out), "data": cfg.data.model_copy(update={"source": "jsonl", "path": str(data)}),
-                                     "eval": cfg.eval.model_copy(update={"split": "test", "every": 0})})
+        cfg = _rows_config(cfg, data, out, sources)
     elif out is not None:
         _error("error: --out goes with --data (the pipeline's evaluation writes into its output_dir)")
         raise typer.Exit(2)
@@ -346,17 +337,8 @@ def evaluate(
     status = "FAILED"
     try:
         checkpoints = _sources(sources)
-        if data is not None:  # the rows are checked against the env the (first) checkpoint was trained with
-            checkpoints = {m: stages.checkpoint_folder(cfg, m, src, tracker) for m, src in checkpoints.items()}
-            for folder in checkpoints.values():  # a missing checkpoint named before the rows are checked
-                validate_checkpoint(folder)
-            first = next(iter(checkpoints.values()))
-            if not (Path(first).is_dir() and trained_settings(first)):
-                console.print(f"warning: {first} records no env settings (not a checkpoint folder a pipeline wrote): the "
-                              f"rows are checked against pipeline {cfg.name!r}'s env ({cfg.env.name})", style="yellow",
-                              markup=False, highlight=False, soft_wrap=True)
-            info = stages.prepare(stages.trained_config(cfg, first, env_set, warn=False), slog)
-            console.print(f"prepared {info['test_questions']} rows of {data} into {cfg.out / 'data'}")
+        if data is not None:
+            checkpoints = _prepare_rows(cfg, data, checkpoints, env_set, tracker, slog)
         results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None, env_set=env_set)
         status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
@@ -370,6 +352,39 @@ def evaluate(
     if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
         console.print(kinds)
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
+
+
+def _rows_config(cfg, data: Path, out: Path | None, sources: list[str] | None):
+    """The config of `evaluate --data`: the rows of ``data`` as the test split (data.source jsonl),
+    everything written under ``out`` (default outputs/evaluations/<name>), no held-out curve."""
+    if not sources:
+        _error("error: --data needs the checkpoints to score, e.g. agent-r1 evaluate outputs/code/rl/grpo --data rows.jsonl")
+        raise typer.Exit(2)
+    if not data.exists():
+        _error(f"error: --data: {data} not found (a .jsonl file of task rows, or a folder with test.jsonl)")
+        raise typer.Exit(2)
+    out = out or Path("outputs") / "evaluations" / data.name.removesuffix(".jsonl")
+    return cfg.model_copy(update={"output_dir": str(out), "data": cfg.data.model_copy(update={"source": "jsonl", "path": str(data)}),
+                                  "eval": cfg.eval.model_copy(update={"split": "test", "every": 0})})
+
+
+def _prepare_rows(cfg, data: Path, checkpoints: dict[str, str], env_set: set[str], tracker, slog) -> dict[str, str]:
+    """`evaluate --data`: the checkpoints as local folders (checked), and the rows prepared under the
+    config's output_dir, checked against the env the first checkpoint was trained with."""
+    from agent_r1.checkpoints import trained_settings, validate_checkpoint
+    from agent_r1.pipeline import stages
+
+    checkpoints = {m: stages.checkpoint_folder(cfg, m, src, tracker) for m, src in checkpoints.items()}
+    for folder in checkpoints.values():  # a missing checkpoint named before the rows are checked
+        validate_checkpoint(folder)
+    first = next(iter(checkpoints.values()))
+    if not (Path(first).is_dir() and trained_settings(first)):
+        console.print(f"warning: {first} records no env settings (not a checkpoint folder a pipeline wrote): the rows "
+                      f"are checked against pipeline {cfg.name!r}'s env ({cfg.env.name})", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
+    info = stages.prepare(stages.trained_config(cfg, first, env_set, warn=False), slog)
+    console.print(f"prepared {info['test_questions']} rows of {data} into {cfg.out / 'data'}")
+    return checkpoints
 
 
 @app.command()

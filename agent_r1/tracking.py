@@ -103,7 +103,6 @@ class _AgentRegistry:
         from mlflow.exceptions import MlflowException
         from mlflow.models import Model
 
-        from agent_r1.checkpoints import SETTINGS_FILE
         from agent_r1.models import load_model
 
         checkpoint_dir = Path(checkpoint_dir).resolve()  # an absolute path is never taken for a hub id
@@ -123,10 +122,7 @@ class _AgentRegistry:
                 pip_requirements=["torch", f"transformers=={transformers.__version__}"],
                 model_card=_model_card(registered_name),
             )
-            settings = checkpoint_dir / SETTINGS_FILE  # the env settings it was trained with travel with it
-            if settings.exists():
-                weights = next(p.parent for p in sorted(Path(tmp, "model").rglob("config.json")))
-                shutil.copy(settings, weights / SETTINGS_FILE)
+            _copy_settings(checkpoint_dir, Path(tmp, "model"))
             self.client.log_model_artifacts(logged.model_id, f"{tmp}/model")
         self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
@@ -411,3 +407,13 @@ def _model_card(name: str):
     return ModelCard(
         f"---\nlibrary_name: transformers\ntags: [agent-r1]\n---\n# {name}\n\nAn agent trained with agent-r1.\n"
     )
+
+
+def _copy_settings(checkpoint_dir: Path, saved: Path) -> None:
+    """The env settings the checkpoint was trained with (where it records them) into the folder of
+    the saved model that holds its config.json, so they travel with the registered model."""
+    from agent_r1.checkpoints import SETTINGS_FILE
+
+    if (checkpoint_dir / SETTINGS_FILE).exists():
+        weights = next(p.parent for p in sorted(saved.rglob("config.json")))
+        shutil.copy(checkpoint_dir / SETTINGS_FILE, weights / SETTINGS_FILE)
