@@ -6,6 +6,9 @@ a tokenizer whose ids fit the model's vocabulary. A problem raises `CheckpointEr
 line naming the file, instead of a traceback from deep inside transformers, or worse, no error:
 a folder without ``tokenizer.json`` loads as a 2-token tokenizer and evaluates to EM 0.
 
+`trained_settings` reads the settings a pipeline recorded beside the weights (``SETTINGS_FILE``:
+the env section it trained with), which evaluation uses again.
+
 `load_deepspeed_state` restores a resumable learner state (a DeepSpeed checkpoint) with every
 file read by ``torch.load(weights_only=True)``: DeepSpeed's own loader unpickles whatever the
 file holds, so a planted ``state/`` folder could run code.
@@ -22,6 +25,25 @@ import torch
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be used; the message names the file."""
+
+
+# The settings a checkpoint was trained with (the pipeline's name, its env section), beside its weights.
+SETTINGS_FILE = "agent_r1_settings.json"
+
+
+def trained_settings(path: str | Path) -> dict | None:
+    """The settings recorded in the checkpoint folder ``path`` (``{"pipeline": ..., "env": {...}}``),
+    or None for a folder without them (a hub model, a checkpoint written elsewhere)."""
+    f = Path(path) / SETTINGS_FILE
+    if not f.is_file():
+        return None
+    try:
+        settings = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{f}: not JSON: {e}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("env"), dict):
+        raise CheckpointError(f"{f}: expected an object with the env settings under 'env'")
+    return settings
 
 
 # Hub ids are "name" or "owner/name"; anything else that does not exist is a missing folder.

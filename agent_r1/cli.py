@@ -123,6 +123,22 @@ def results_table(results: dict, title: str, timings: dict | None = None) -> Tab
     return table
 
 
+def kinds_table(results: dict, split: str, title: str) -> Table | None:
+    """EM per kind of task (eval.json's ``em_by_qtype``) of ``split``: a row per kind, a column per
+    method; None when the data has no kinds."""
+    methods = {m: r.get("em_by_qtype") or {} for m, r in results.get(split, {}).items()}
+    kinds = sorted({q for by in methods.values() for q in by})
+    if not kinds:
+        return None
+    table = Table(title=title)
+    table.add_column("kind")
+    for m in methods:
+        table.add_column(m, justify="right")
+    for q in kinds:
+        table.add_row(q, *[f"{by[q]:.3f}" if q in by else "" for by in methods.values()])
+    return table
+
+
 def _tracker(track: bool):
     if not track:
         return None
@@ -168,6 +184,8 @@ def train(
         record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
         shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop") or k.startswith("curve_")}
         console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
+        if kinds := kinds_table(out["eval"], cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+            console.print(kinds)
         console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
         if look := needs_a_look(out["health"]):
             console.print(f"[yellow]needs a look: the run raised health alarms ({look}; docs/health.md)[/yellow]")
@@ -255,6 +273,8 @@ def stage(
         elif name == "evaluate":
             results = stages.evaluate(cfg, slog, Progress())
             console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))
+            if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+                console.print(kinds)
         else:
             console.print(f"wrote {getattr(stages, name)(cfg, slog, Progress())}")
     if name == STAGES[-1]:
@@ -280,17 +300,35 @@ def evaluate(
     config_file: Path = CONFIG,
     overrides: list[str] = SET,
     track: bool = TRACK,
+    data: Path = typer.Option(None, "--data", help="score these task rows instead of the pipeline's test split: a "
+                              ".jsonl file, or a folder of test.jsonl (and corpus.jsonl where a tool reads one)"),
+    out: Path = typer.Option(None, "--out", help="with --data: the folder it writes (default: "
+                             "outputs/evaluations/<name of --data without .jsonl>)"),
 ):
-    """Held-out evaluation (greedy, fixed seed): EM, F1, format, tool use, search recall, by hops.
+    """Held-out evaluation (greedy, fixed seed): EM, F1, format, tool use, search recall, by hops
+    and by kind of task (qtype).
 
-    A method named `naive_rag` is scored with the Naive RAG protocol (one retrieval with the
-    question, then the answer). Results are merged into <output_dir>/metrics/eval.json.
+    Each checkpoint is evaluated with the env settings it was trained with (system prompt, context
+    budget, environment, tools), except those set here with -s env.<key>=<value>; where they differ
+    from the pipeline's, a warning names them. A method named `naive_rag` is scored with the Naive
+    RAG protocol (one retrieval with the question, then the answer). Results are merged into
+    <output_dir>/metrics/eval.json (replacing one that scored other rows).
+
+    With --data, the rows of a file are prepared and scored in one go, every row of them, with no
+    training file: into --out (data/, metrics/eval.json), not the pipeline's output_dir.
     """
     _quiet_libraries()
+    from agent_r1.config import parse_overrides
     from agent_r1.pipeline import NULL_LOG, StageLog, stages
     from agent_r1.progress import Progress
 
     cfg = _config(pipeline, config_file, overrides)
+    env_set = set(parse_overrides(overrides).get("env") or {})
+    if data is not None:
+        cfg = _rows_config(cfg, data, out, sources)
+    elif out is not None:
+        _error("error: --out goes with --data (the pipeline's evaluation writes into its output_dir)")
+        raise typer.Exit(2)
     tracker = _tracker(track)
     run_id, slog = None, NULL_LOG
     if tracker is not None:  # its own MLflow run, apart from any unfinished pipeline run
@@ -298,7 +336,10 @@ def evaluate(
         slog = StageLog(tracker, tracker.stage_run(run_id, "evaluate"))
     status = "FAILED"
     try:
-        results = stages.evaluate(cfg, slog, Progress(), _sources(sources), tracker, merge=sources is not None)
+        checkpoints = _sources(sources)
+        if data is not None:
+            checkpoints = _prepare_rows(cfg, data, checkpoints, env_set, tracker, slog)
+        results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None, env_set=env_set)
         status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
         _error(str(e))
@@ -308,7 +349,42 @@ def evaluate(
             slog.end(status)
             tracker.end_run(run_id, status)
     console.print(results_table(results, f"held-out evaluation ({cfg.name}, split {cfg.eval.split})"))
+    if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
+        console.print(kinds)
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
+
+
+def _rows_config(cfg, data: Path, out: Path | None, sources: list[str] | None):
+    """The config of `evaluate --data`: the rows of ``data`` as the test split (data.source jsonl),
+    everything written under ``out`` (default outputs/evaluations/<name>), no held-out curve."""
+    if not sources:
+        _error("error: --data needs the checkpoints to score, e.g. agent-r1 evaluate outputs/code/rl/grpo --data rows.jsonl")
+        raise typer.Exit(2)
+    if not data.exists():
+        _error(f"error: --data: {data} not found (a .jsonl file of task rows, or a folder with test.jsonl)")
+        raise typer.Exit(2)
+    out = out or Path("outputs") / "evaluations" / data.name.removesuffix(".jsonl")
+    return cfg.model_copy(update={"output_dir": str(out), "data": cfg.data.model_copy(update={"source": "jsonl", "path": str(data)}),
+                                  "eval": cfg.eval.model_copy(update={"split": "test", "every": 0})})
+
+
+def _prepare_rows(cfg, data: Path, checkpoints: dict[str, str], env_set: set[str], tracker, slog) -> dict[str, str]:
+    """`evaluate --data`: the checkpoints as local folders (checked), and the rows prepared under the
+    config's output_dir, checked against the env the first checkpoint was trained with."""
+    from agent_r1.checkpoints import trained_settings, validate_checkpoint
+    from agent_r1.pipeline import stages
+
+    checkpoints = {m: stages.checkpoint_folder(cfg, m, src, tracker) for m, src in checkpoints.items()}
+    for folder in checkpoints.values():  # a missing checkpoint named before the rows are checked
+        validate_checkpoint(folder)
+    first = next(iter(checkpoints.values()))
+    if not (Path(first).is_dir() and trained_settings(first)):
+        console.print(f"warning: {first} records no env settings (not a checkpoint folder a pipeline wrote): the rows "
+                      f"are checked against pipeline {cfg.name!r}'s env ({cfg.env.name})", style="yellow", markup=False,
+                      highlight=False, soft_wrap=True)
+    info = stages.prepare(stages.trained_config(cfg, first, env_set, warn=False), slog)
+    console.print(f"prepared {info['test_questions']} rows of {data} into {cfg.out / 'data'}")
+    return checkpoints
 
 
 @app.command()
@@ -338,7 +414,7 @@ def show(
     model, tokenizer = load_model(source)
     data_dir = cfg.out / "data"
     tasks = tasks_for(load_split(data_dir, cfg.eval.split), [hops], n, cfg.seed)
-    agent = Agent(model, tokenizer, make_tools(cfg, data_dir), cfg, NaiveRAGEnv if naive_rag else None)
+    agent = Agent(model, tokenizer, make_tools(cfg, data_dir, cfg.eval.split), cfg, NaiveRAGEnv if naive_rag else None)
     _, trajs = evaluate_agent(agent, tasks)
     text = transcripts(trajs, tasks, limit=n)
     console.print(Markdown(text))
@@ -363,7 +439,7 @@ def recall(
     cfg = _config(pipeline, config_file, overrides)
     data_dir = cfg.out / "data"
     test = load_split(data_dir, cfg.eval.split)
-    result = retrieval_recall(SearchIndex(load_corpus(data_dir)), test.to_dict("records"), tuple(k))
+    result = retrieval_recall(SearchIndex(load_corpus(data_dir, cfg.eval.split)), test.to_dict("records"), tuple(k))
     table = Table(title=f"search recall@k for the raw question ({cfg.name}, split {cfg.eval.split})")
     for col in ["questions", "n", *[f"recall@{x}" for x in k]]:
         table.add_column(col, justify="left" if col == "questions" else "right")

@@ -35,7 +35,7 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "hotpotqa", "jsonl", "code", "textworld"] = "synthetic"
     """Where the questions come from: a generated synthetic world, HotpotQA files, your own JSON-lines files (`data.path`), generated computation problems for the `code` environment (agent_r1/data/code_tasks.py), or TextWorld games made by tw-make for the `textworld` environment (`data.games`)."""
     path: str | None = None
-    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with train.jsonl and test.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written) and, when a tool reads one, corpus.jsonl. In a config file, relative to that file."""
+    """hotpotqa: a folder with train.jsonl and dev.jsonl, or one .jsonl/.json file (a test split only); jsonl: a folder with test.jsonl, train.jsonl (task rows with the fields the environment's TASK_FIELDS names, passed to it as written; without train.jsonl the data serves evaluation alone) and, when a tool reads one, corpus.jsonl, or one .jsonl file of task rows (a test split only). In a config file, relative to that file."""
     # synthetic world: the fields (and defaults) of agent_r1.data.synthetic.WorldConfig
     seed: int = _WORLD.seed
     """Seed of the synthetic world (entities, facts, names, questions)."""
@@ -56,7 +56,7 @@ class DataConfig(_Strict):
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
     val_per_type: int = Field(_WORLD.val_per_type, ge=0)
-    """The validation split (`val`, for choosing settings and the held-out curve, never the test split): synthetic: questions of each type from a small world of their own (its documents join the corpus); code: problems of each kind, drawn apart from train and test. Train and test are the same whatever its value; 0: no val split. textworld: `data.games.val_games`."""
+    """The validation split (`val`, for choosing settings and the held-out curve, never the test split): synthetic: questions of each type from a small world of their own (its documents are searched by the val questions only: the train and test corpus is the same whatever this value); code: problems of each kind, drawn apart from train and test. Train and test are the same whatever its value; 0: no val split. textworld: `data.games.val_games`."""
     games: GamesConfig = GamesConfig()
     """textworld: the games tw-make generates (their seeds come from `data.seed`)."""
 
@@ -362,7 +362,8 @@ class EvalConfig(_Strict):
     hops: list[PositiveInt] = [1, 2, 3]
     """Hop counts evaluated, each reported as its own split (test_1hop, ...), where the data has `hops`."""
     max_per_hop: int = Field(100, ge=1)
-    """Questions evaluated per hop count."""
+    """Questions evaluated per hop count, where the data has hop counts (drawn with the run's seed; the evaluation
+    says how many it leaves out); data without them is scored in full."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
     """Sampling temperature of evaluation (0: greedy)."""
     pass_k: list[PositiveInt] = []
@@ -480,7 +481,8 @@ class RunConfig(_Strict):
         if self.data.source == "hotpotqa" and not self.data.path:
             problems.append("data.path: must name a HotpotQA file or folder when data.source is 'hotpotqa'")
         if self.data.source == "jsonl" and not self.data.path:
-            problems.append("data.path: must name a folder of corpus/train/test .jsonl files when data.source is 'jsonl'")
+            problems.append("data.path: must name a folder of test/train/corpus .jsonl files, or one .jsonl file, when "
+                            "data.source is 'jsonl'")
         if "textworld" in (self.data.source, self.env.name):
             from agent_r1.envs.text_game import INSTALL_HINT, textworld_available
 

@@ -15,7 +15,7 @@ import torch
 
 from agent_r1.config import ConfigError, RunConfig, explicit_qtypes
 from agent_r1.context import PolicySummarizer, make_context_manager
-from agent_r1.data import (SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
+from agent_r1.data import (ALL_SPLITS, SPLITS, DataError, load_hotpotqa, task_records, validate_questions, write_corpus,
                            write_tasks)
 from agent_r1.data.code_tasks import CodeTaskConfig, write_code_tasks
 from agent_r1.data.text_games import write_text_games
@@ -42,11 +42,12 @@ def prepare_data(cfg: RunConfig) -> Path:
     ``dev.jsonl`` (the dev questions become the test split) or one file (test split only, no
     training questions: no train.parquet, for evaluation alone). The corpus is every context paragraph of the loaded questions.
 
-    ``data.source: jsonl`` reads a folder ``data.path`` with ``train.jsonl`` and ``test.jsonl``
-    (task rows) and, when a tool reads one, ``corpus.jsonl`` (CORPUS_COLUMNS). Each row reaches
-    the environment's ``reset`` as written; it must have the fields the environment declares
-    (``TASK_FIELDS``: a QA environment needs the QA fields, another only its own). Errors name
-    the .jsonl file and its line, before any model loads.
+    ``data.source: jsonl`` reads a folder ``data.path`` with ``test.jsonl``, ``train.jsonl`` (task
+    rows; without it no train.parquet, for evaluation alone) and, when a tool reads one,
+    ``corpus.jsonl`` (CORPUS_COLUMNS); or one .jsonl file of task rows (the test split only). Each
+    row reaches the environment's ``reset`` as written; it must have the fields the environment
+    declares (``TASK_FIELDS``: a QA environment needs the QA fields, another only its own). Errors
+    name the .jsonl file and its line, before any model loads.
     """
     out = cfg.out / "data"
     if cfg.data.source == "synthetic":
@@ -107,23 +108,30 @@ def _read_jsonl(path: Path) -> tuple[list[dict], list[int]]:
 
 
 def _prepare_jsonl(src: Path, out: Path, env_cls: type[ToolEnv]) -> Path:
-    """train/test (and corpus, when there is one) .jsonl of ``src`` → validated parquet under
-    ``out``; the task rows are kept as written (agent_r1.data.write_tasks)."""
-    if not src.is_dir():
-        raise DataError(f"data.path: {src} is not a folder (of train.jsonl, test.jsonl and optionally corpus.jsonl)")
-    tables = {split: _read_jsonl(src / f"{split}.jsonl") for split in SPLITS}
+    """The .jsonl of ``src`` → validated parquet under ``out``: a folder's test.jsonl, its
+    train.jsonl where there is one, and its corpus.jsonl where there is one; or one file of task
+    rows (the test split). The task rows are kept as written (agent_r1.data.write_tasks)."""
+    if src.is_file():
+        files = {"test": src}
+    elif src.is_dir():
+        files = {split: src / f"{split}.jsonl" for split in SPLITS if split == "test" or (src / f"{split}.jsonl").exists()}
+    else:
+        raise FileNotFoundError(f"data.path: not found: {src} (a folder of test.jsonl, train.jsonl and optionally "
+                                "corpus.jsonl, or one .jsonl file of task rows)")
+    tables = {split: _read_jsonl(f) for split, f in files.items()}
     ids = [{str(r["id"]) for r in rows if "id" in r} for rows, _ in tables.values()]
-    if shared := set.intersection(*ids):
-        raise DataError(f"{src / (SPLITS[-1] + '.jsonl')}: {len(shared)} task id(s) also in {src / (SPLITS[0] + '.jsonl')}, "
+    if len(ids) > 1 and (shared := set.intersection(*ids)):
+        raise DataError(f"{files['test']}: {len(shared)} task id(s) also in {files['train']}, "
                         f"e.g. {min(shared)!r}: a task must be in one split only")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "corpus.parquet").unlink(missing_ok=True)
-    if (src / "corpus.jsonl").exists():
+    for stale in ("corpus", "val_corpus", *ALL_SPLITS):  # what an earlier prepare into this folder left
+        (out / f"{stale}.parquet").unlink(missing_ok=True)
+    if src.is_dir() and (src / "corpus.jsonl").exists():
         rows, _ = _read_jsonl(src / "corpus.jsonl")
         write_corpus(pd.DataFrame(rows), out / "corpus.parquet")
     qa = issubclass(env_cls, MultiHopQAEnv)
     for split, (rows, lines) in tables.items():
-        source = str(src / f"{split}.jsonl")
+        source = str(files[split])
         write_tasks(rows, out / f"{split}.parquet", split, tuple(env_cls.TASK_FIELDS), source, lines)
         if qa:  # the QA fields' types, named by the line they are on
             validate_questions(pd.DataFrame(task_records(pd.read_parquet(out / f"{split}.parquet"))), source, lines)
@@ -156,6 +164,23 @@ def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed:
     return task_records(pd.concat(parts))
 
 
+def eval_tasks(cfg: RunConfig, df: pd.DataFrame) -> list[dict]:
+    """The tasks evaluation scores: where the data has hop counts, the rows with one of
+    ``eval.hops``, at most ``eval.max_per_hop`` of each (drawn with the run's seed); every row where
+    it has none. Logs how many rows the settings leave out, and which."""
+    if "hops" not in df.columns:
+        return tasks_for(df, cfg.eval.hops)
+    tasks = tasks_for(df, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
+    if len(tasks) < len(df):
+        selected = df["hops"].isin(cfg.eval.hops)
+        why = [f"eval.hops {cfg.eval.hops} selects {int(selected.sum())}"] if not selected.all() else []
+        capped = {int(h): n for h, n in df[selected]["hops"].value_counts().items() if n > cfg.eval.max_per_hop}
+        why += [f"eval.max_per_hop={cfg.eval.max_per_hop} caps hop count(s) " + ", ".join(
+            f"{h} ({n} rows)" for h, n in sorted(capped.items()))] if capped else []
+        log.info("evaluation: %d of the %d %s rows are scored (%s)", len(tasks), len(df), cfg.eval.split, "; ".join(why))
+    return tasks
+
+
 def _source(cfg: RunConfig, split: str) -> str:
     """Where a split's rows came from, as the user named it (for error messages)."""
     if cfg.data.source in ("synthetic", "code", "textworld"):
@@ -163,7 +188,7 @@ def _source(cfg: RunConfig, split: str) -> str:
     src = Path(cfg.data.path)
     if cfg.data.source == "hotpotqa":
         return str(src / {"train": "train.jsonl", "test": "dev.jsonl"}[split]) if src.is_dir() else str(src)
-    return str(src / f"{split}.jsonl")
+    return str(src / f"{split}.jsonl") if src.is_dir() else str(src)
 
 
 def selection_problems(cfg: RunConfig, data_dir: Path) -> list[str]:
@@ -219,9 +244,10 @@ class Agent:
         return make_context_manager(self.cfg.env.context, self.tokenizer, tools, **kw)
 
 
-def make_tools(cfg: RunConfig, data_dir: Path) -> list[Tool]:
-    """The tools of ``env.tools`` (default: the environment's), built over the prepared data."""
-    return env_tools(cfg.env, data_dir)
+def make_tools(cfg: RunConfig, data_dir: Path, split: str | None = None) -> list[Tool]:
+    """The tools of ``env.tools`` (default: the environment's), built over the prepared data for the
+    questions of ``split`` (the val split searches documents of its own; None: train and test)."""
+    return env_tools(cfg.env, data_dir, split=split)
 
 
 def initial_model(cfg: RunConfig, data_dir: Path, tools: list[Tool]) -> tuple[torch.nn.Module, object]:
@@ -310,6 +336,12 @@ def curve_tasks(cfg: RunConfig) -> list[dict]:
     seed: the same at every point of every method's curve."""
     df = load_split(cfg.out / "data", cfg.eval.curve_split)
     return task_records(df.sample(n=min(cfg.eval.curve_size, len(df)), random_state=cfg.seed).sort_index())
+
+
+def curve_agent(agent: Agent, cfg: RunConfig) -> Agent:
+    """``agent`` with its tools built for ``eval.curve_split``'s questions (the val split searches
+    documents of its own)."""
+    return dataclasses.replace(agent, tools=make_tools(cfg, cfg.out / "data", cfg.eval.curve_split))
 
 
 def heldout_point(agent: Agent, tasks: list[dict], progress: Progress | None = None, label: str = "heldout") -> dict:

@@ -94,7 +94,8 @@ class _AgentRegistry:
         """Log a Hugging Face checkpoint folder as a ``transformers`` model of run ``run_id``,
         register it as a new version of ``registered_name``, point ``alias`` at it and tag it.
 
-        Returns the version. :meth:`load_agent` gives the folder back.
+        Returns the version. :meth:`load_agent` gives the folder back, with the settings file the
+        checkpoint was trained with (``agent_r1.checkpoints.SETTINGS_FILE``) where it has one.
         """
         import mlflow.transformers
         import transformers
@@ -121,6 +122,7 @@ class _AgentRegistry:
                 pip_requirements=["torch", f"transformers=={transformers.__version__}"],
                 model_card=_model_card(registered_name),
             )
+            _copy_settings(checkpoint_dir, Path(tmp, "model"))
             self.client.log_model_artifacts(logged.model_id, f"{tmp}/model")
         self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         self.client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=0)])
@@ -405,3 +407,13 @@ def _model_card(name: str):
     return ModelCard(
         f"---\nlibrary_name: transformers\ntags: [agent-r1]\n---\n# {name}\n\nAn agent trained with agent-r1.\n"
     )
+
+
+def _copy_settings(checkpoint_dir: Path, saved: Path) -> None:
+    """The env settings the checkpoint was trained with (where it records them) into the folder of
+    the saved model that holds its config.json, so they travel with the registered model."""
+    from agent_r1.checkpoints import SETTINGS_FILE
+
+    if (checkpoint_dir / SETTINGS_FILE).exists():
+        weights = next(p.parent for p in sorted(saved.rglob("config.json")))
+        shutil.copy(checkpoint_dir / SETTINGS_FILE, weights / SETTINGS_FILE)

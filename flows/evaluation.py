@@ -2,7 +2,8 @@
 
 ``models`` maps a name (the method column of the table) to a checkpoint folder, a hub id or a
 registry URI such as ``models:/agent-r1@champion`` (downloaded through MLflow); empty means the
-pipeline's own checkpoints (baselines, SFT, RL). The results are merged into
+pipeline's own checkpoints (baselines, SFT, RL). A named model is evaluated with the env settings it
+was trained with where it records them, except those the overrides set. The results are merged into
 ``<output_dir>/metrics/eval.json`` and logged to a new MLflow run with an ``evaluate`` stage.
 """
 
@@ -15,6 +16,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import Field
 
+from agent_r1.config import parse_overrides
 from agent_r1.pipeline.record import StageLog
 from agent_r1.progress import Progress
 from agent_r1.tracking import Tracker
@@ -39,7 +41,9 @@ def evaluation_flow(params: EvaluationParams = EvaluationParams()) -> dict[str, 
     try:
         data = prepare(cfg, StageLog(tracker, run_id))  # the same versioned data as training
         slog = StageLog(tracker, tracker.stage_run(run_id, "evaluate"))
-        results = evaluate(cfg, slog, Progress(), dict(params.models) or None, tracker, merge=True)
+        # named models in the env settings they were trained with, but for those the overrides set
+        env_set = sorted(parse_overrides(params.overrides).get("env") or {}) if params.models else None
+        results = evaluate(cfg, slog, Progress(), dict(params.models) or None, tracker, merge=True, env_set=env_set)
     except BaseException:
         tracker.end_run(run_id, "FAILED")
         raise

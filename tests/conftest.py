@@ -25,7 +25,8 @@ GROUPS = {
     "vllm": ("test_vllm.py", "test_vllm_async.py", "test_vllm_url.py",
              "test_bench.py::test_rollout_engines_hf_and_vllm", "test_bench.py::test_async_rollout"),
     "mcp": ("test_mcp.py", "test_examples.py"),
-    "sandbox": ("test_sandbox.py", "test_code_task.py", "test_curves.py::test_code_tiny"),
+    "sandbox": ("test_sandbox.py", "test_code_task.py", "test_curves.py::test_code_tiny",
+                "test_evaluate.py::test_the_readme_command"),
 }
 
 

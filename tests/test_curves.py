@@ -5,6 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -43,8 +44,34 @@ def test_the_synthetic_val_split_asks_about_a_world_of_its_own():
     assert len(val) == 3 * q.qtype.nunique() and val.id.is_unique
     names = lambda df: {n for chain in df.search_chain for n in chain}  # noqa: E731
     assert not names(val) & names(q[q.split != "val"])
-    assert names(val) <= set(world.corpus.title)  # its documents are searchable
-    assert set(without.corpus.title) <= set(world.corpus.title)
+    assert names(val) <= set(world.val_corpus.title)  # its documents are searchable, apart
+    pd.testing.assert_frame_equal(world.corpus, without.corpus)
+
+
+def test_the_val_documents_leave_the_test_corpus_and_its_search_as_they_were(tmp_path):
+    """The validation split's documents are searched by its own questions only: the prepared test
+    corpus, and what a search finds in it for every test question, are the same with or without them."""
+    from agent_r1.config import load_config, parse_overrides
+    from agent_r1.data import load_corpus, load_split, task_records
+    from agent_r1.run import make_tools, prepare_data
+    from agent_r1.tools import run_tool
+
+    found = {}
+    for v in (0, 4):
+        cfg = load_config("tiny", ROOT / "pipelines.yaml", parse_overrides([f"data.val_per_type={v}", "env.top_k=3",
+                                                                             f"output_dir={tmp_path / str(v)}"]))
+        data_dir = prepare_data(cfg)
+        [search] = make_tools(cfg, data_dir, "test")
+        queries = [c for t in task_records(load_split(data_dir, "test")) for c in t["search_chain"]][:60]
+        found[v] = (load_corpus(data_dir), load_corpus(data_dir, "test"), [run_tool(search, {"query": q}).text for q in queries])
+    pd.testing.assert_frame_equal(found[0][0], found[4][0])
+    pd.testing.assert_frame_equal(found[0][1], found[4][0])
+    assert found[0][2] == found[4][2]
+    # the val questions search their own documents beside the corpus
+    [val_search] = make_tools(cfg, data_dir, "val")
+    val = task_records(load_split(data_dir, "val"))
+    assert len(load_corpus(data_dir, "val")) > len(found[4][0])
+    assert all(t["gold_titles"][0] in run_tool(val_search, {"query": t["search_chain"][0]}).text for t in val[:10])
 
 
 def test_the_rft_update_is_an_sft_step_on_the_kept_episodes_action_tokens(tok, make_model):
@@ -109,9 +136,9 @@ def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
-    # smoke sizes: 8 SFT steps, RL iterations of 2 tasks x 2 episodes, 2 test and 2 curve problems
+    # smoke sizes: 8 SFT steps, RL iterations of 2 tasks x 2 episodes, 6 test (one per kind) and 2 curve problems
     run_all(load_config("code-tiny", ROOT / "pipelines.yaml", parse_overrides(
-        ["eval.every=1", "methods=[grpo, rft]", "eval.curve_size=2", "sft.epochs=0.25", "eval.max_per_hop=2",
+        ["eval.every=1", "methods=[grpo, rft]", "eval.curve_size=2", "sft.epochs=0.25", "data.test_per_type=1",
          "rl.tasks_per_iteration=2", "rl.group_size=2", f"output_dir={tmp_path / 'out'}"])), Tracker(uri=uri, project_dir=tmp_path))
     client = MlflowClient(uri)
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}

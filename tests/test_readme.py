@@ -35,6 +35,8 @@ SKIP = {
     "make test": "the test suite itself",
     ".venv/bin/agent-r1 mlflow-ui": "a server that runs until stopped",
     "PREFECT_HOME=.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false .venv/bin/prefect server start": "a server (tests/test_flows.py starts one)",
+    ".venv/bin/agent-r1 evaluate outputs/code-tiny/rl/grpo --data": "run as written by tests/test_evaluate.py, on a "
+                                                                    "checkpoint and a file of rows it writes",
 }
 
 

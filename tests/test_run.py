@@ -6,6 +6,7 @@ import statistics
 import pytest
 from transformers import AutoModelForCausalLM
 
+from agent_r1.checkpoints import trained_settings
 from agent_r1.config import ConfigError, load_config, parse_overrides
 from agent_r1.context import ContextManager
 from agent_r1.data.synthetic import WorldConfig, generate
@@ -101,6 +102,8 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     assert [h["iteration"] for h in history] == [1, 2]
     for path in ("checkpoints/base", "checkpoints/sft", "rl/grpo"):
         AutoModelForCausalLM.from_pretrained(tmp_path / path)
+        # the env settings it was trained with, which evaluation uses again
+        assert trained_settings(tmp_path / path) == {"pipeline": "tiny", "env": cfg.env.model_dump(mode="json")}
     # the first iteration's rollout is stored, to read in pandas and replay
     stored = load_parquet(tmp_path / "rollouts" / "grpo" / "iteration_00001.parquet")
     assert len(stored) == cfg.rl.tasks_per_iteration * cfg.rl.group_size and all(t.stop_reason for t in stored)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +12,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import pytest
 import torch
 
+from agent_r1.checkpoints import SETTINGS_FILE, trained_settings
 from agent_r1.learner.learner import save_hf_checkpoint
 from agent_r1.models import load_model
 from agent_r1.tracking import Tracker, configure, flatten
@@ -114,6 +116,7 @@ def test_register_load_and_aliases(tracker, tmp_path, tok, make_model):
     tracker.log_metrics(run, {"eval/em": 0.25})
     model = make_model(seed=3, std=0.3).eval()
     ckpt = save_hf_checkpoint(model, tmp_path / "ckpt", tok)
+    (ckpt / SETTINGS_FILE).write_text(json.dumps({"pipeline": "demo", "env": {"max_turns": 2}}))
 
     version = tracker.log_agent(run, ckpt, "agent", tags={"pipeline": "demo"})
     assert tracker.alias_version("agent", "champion") is None  # model exists, alias does not
@@ -121,6 +124,7 @@ def test_register_load_and_aliases(tracker, tmp_path, tok, make_model):
     assert challenger == {"version": version, "run_id": run, "tags": {"pipeline": "demo"}, "metrics": {"eval/em": 0.25}}
 
     folder = tracker.load_agent("models:/agent@challenger", tmp_path / "loaded")
+    assert trained_settings(folder) == {"pipeline": "demo", "env": {"max_turns": 2}}  # the env it was trained with
     loaded, loaded_tok = load_model(folder)
     ids = torch.tensor([tok.encode("Which river flows through Vienna?")])
     with torch.no_grad():

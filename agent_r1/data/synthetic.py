@@ -14,7 +14,9 @@ and exactly one short document per film, person and studio. Entities are generat
 disjoint sub-worlds that share only the cities: ``train`` questions ask about the first,
 ``test`` questions about the second (held out), and the corpus holds the documents of both. With
 ``val_per_type`` > 0 a small third sub-world, generated after the other two (so their questions
-are the same with or without it), gives the ``val`` questions: for choosing settings, never on test.
+and the corpus are the same with or without it), gives the ``val`` questions: for choosing
+settings, never on test. Its documents are apart (``val_corpus.parquet``): the val questions
+search them beside the corpus, the train and test questions never see them.
 
 Question templates (``QTYPES``) range from 1 to 3 hops; each row carries the chain of entity
 names an oracle searches (``search_chain``) and the titles of the documents on that path
@@ -27,6 +29,7 @@ On-disk layout written by ``SyntheticWorld.write`` and read back by ``load_split
     train.parquet    QUESTION_COLUMNS
     test.parquet     QUESTION_COLUMNS
     val.parquet      QUESTION_COLUMNS          (with val_per_type > 0)
+    val_corpus.parquet                         (with val_per_type > 0: the val sub-world's documents)
     world.json       the config and the counts
 """
 
@@ -156,17 +159,21 @@ class WorldConfig:
 @dataclass
 class SyntheticWorld:
     config: WorldConfig
-    corpus: pd.DataFrame  # CORPUS_COLUMNS, one row per film, person and studio
+    corpus: pd.DataFrame  # CORPUS_COLUMNS, one row per film, person and studio of the train and test sub-worlds
     questions: pd.DataFrame  # QUESTION_COLUMNS, all splits
     counts: dict[str, Any] = field(default_factory=dict)
+    val_corpus: pd.DataFrame | None = None  # the val sub-world's documents (with val_per_type)
 
     def write(self, out_dir: str | Path) -> Path:
-        """Write corpus.parquet, train.parquet, test.parquet (val.parquet with ``val_per_type``)
-        and world.json into ``out_dir``."""
+        """Write corpus.parquet, train.parquet, test.parquet (val.parquet and val_corpus.parquet with
+        ``val_per_type``) and world.json into ``out_dir``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_corpus(self.corpus, out / "corpus.parquet")
         (out / "val.parquet").unlink(missing_ok=True)
+        (out / split_corpus_name("val")).unlink(missing_ok=True)
+        if self.val_corpus is not None:
+            write_corpus(self.val_corpus, out / split_corpus_name("val"))
         for split in SPLITS + (("val",) if self.config.val_per_type else ()):
             rows = self.questions[self.questions["split"] == split].reset_index(drop=True)
             write_questions(rows, out / f"{split}.parquet")
@@ -399,12 +406,13 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
     if v:
         sizes["val"] = (max(2, 2 * v), max(2, v), max(2, v))
 
-    docs: dict[str, tuple[str, str]] = {}  # title -> (kind, text)
+    docs: dict[str, tuple[str, str]] = {}  # title -> (kind, text): the train and test sub-worlds'
+    val_docs: dict[str, tuple[str, str]] = {}  # the val sub-world's: searched by the val questions only
     rows: list[dict] = []
     counts: dict[str, Any] = {"cities": len(cities), "entities": {}, "questions": {}}
     for split in SPLITS + tuple(sizes.keys() - set(SPLITS)):  # val last: train and test the same without it
         sub = _sub_world(rng, names, cities, *sizes[split])
-        docs.update(_documents(rng, sub))
+        (val_docs if split == "val" else docs).update(_documents(rng, sub))
         split_rows = _questions(rng, sub, split, caps if split != "val" else lambda _: v)
         rows.extend(split_rows)
         n_dir = sum(p["director"] for p in sub["person"].values())
@@ -415,14 +423,21 @@ def generate(cfg: WorldConfig | None = None) -> SyntheticWorld:
             f"{h}hop": sum(r["hops"] == h for r in split_rows) for h in (1, 2, 3)
         }
 
-    corpus_rows, per_kind = [], {"film": 0, "person": 0, "studio": 0}
-    for title, (kind, text) in sorted(docs.items(), key=lambda kv: (kv[1][0], kv[0])):
-        corpus_rows.append({"doc_id": f"{kind}-{per_kind[kind]:04d}", "title": title, "text": text})
-        per_kind[kind] += 1
-    counts["docs"] = {**per_kind, "total": len(corpus_rows)}
-    corpus = pd.DataFrame(corpus_rows, columns=list(CORPUS_COLUMNS))
+    corpus, counts["docs"] = _corpus(docs)
+    val_corpus = None
+    if v:
+        val_corpus, counts["val_docs"] = _corpus(val_docs, "val-")
     questions = pd.DataFrame(rows, columns=list(QUESTION_COLUMNS))
-    return SyntheticWorld(config=cfg, corpus=corpus, questions=questions, counts=counts)
+    return SyntheticWorld(config=cfg, corpus=corpus, questions=questions, counts=counts, val_corpus=val_corpus)
+
+
+def _corpus(docs: dict[str, tuple[str, str]], prefix: str = "") -> tuple[pd.DataFrame, dict[str, int]]:
+    """The documents as a corpus table (ids ``<prefix><kind>-NNNN``, by kind and title) and their counts."""
+    rows, per_kind = [], {"film": 0, "person": 0, "studio": 0}
+    for title, (kind, text) in sorted(docs.items(), key=lambda kv: (kv[1][0], kv[0])):
+        rows.append({"doc_id": f"{prefix}{kind}-{per_kind[kind]:04d}", "title": title, "text": text})
+        per_kind[kind] += 1
+    return pd.DataFrame(rows, columns=list(CORPUS_COLUMNS)), {**per_kind, "total": len(rows)}
 
 
 # --------------------------------------------------------------------------- I/O + validation
@@ -594,7 +609,7 @@ def _validate_task_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
 
 def _read(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     if not path.exists():
-        if path.name == "corpus.parquet" and (path.parent / "train.parquet").exists():
+        if path.name == "corpus.parquet" and any((path.parent / f"{s}.parquet").exists() for s in SPLITS):
             raise DataError(f"{path}: the data has no corpus (no corpus.jsonl in data.path), but a tool of env.tools "
                             "reads one: add data.path/corpus.jsonl, or use tools that need none")
         raise FileNotFoundError(f"{path} not found: run the prepare stage first (agent-r1 stage prepare)")
@@ -625,10 +640,21 @@ def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     return df
 
 
-def load_corpus(data_dir: str | Path) -> pd.DataFrame:
-    """Read and validate ``<data_dir>/corpus.parquet`` (at least one document)."""
+def split_corpus_name(split: str) -> str:
+    """The file of the documents only ``split``'s questions search (the synthetic val sub-world's:
+    ``val_corpus.parquet``), beside the corpus every split searches."""
+    return f"{split}_corpus.parquet"
+
+
+def load_corpus(data_dir: str | Path, split: str | None = None) -> pd.DataFrame:
+    """Read and validate ``<data_dir>/corpus.parquet`` (at least one document): the corpus of the
+    train and test questions; for ``split`` with documents of its own (``split_corpus_name``:
+    the val split), those documents too."""
     path = Path(data_dir) / "corpus.parquet"
     df = validate_corpus(_read(path), str(path))
     if df.empty:
         raise DataError(f"{path}: the corpus has no documents")
+    own = Path(data_dir) / split_corpus_name(split) if split else None
+    if own is not None and own.exists():
+        df = validate_corpus(pd.concat([df, _read(own)], ignore_index=True), f"{path} with {own.name}")
     return df

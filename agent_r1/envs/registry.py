@@ -39,10 +39,11 @@ def get_env(name: str) -> type[ToolEnv]:
     return named_class(name, ENVS, ToolEnv, "environment")
 
 
-def env_tools(env_cfg, data_dir: Path | None, env_cls: type[ToolEnv] | None = None) -> list[Tool]:
-    """The tools of the config's ``env`` section: ``env.tools``, or the class's DEFAULT_TOOLS."""
+def env_tools(env_cfg, data_dir: Path | None, env_cls: type[ToolEnv] | None = None, split: str | None = None) -> list[Tool]:
+    """The tools of the config's ``env`` section: ``env.tools``, or the class's DEFAULT_TOOLS (for
+    the questions of ``split``: see agent_r1.tools.build_tools)."""
     cls = env_cls or get_env(env_cfg.name)
-    return build_tools(cls.DEFAULT_TOOLS if env_cfg.tools is None else env_cfg.tools, data_dir, env_cfg)
+    return build_tools(cls.DEFAULT_TOOLS if env_cfg.tools is None else env_cfg.tools, data_dir, env_cfg, split)
 
 
 def make_env_factory(env_cfg, tools: list[Tool], env_cls: type[ToolEnv] | None = None,

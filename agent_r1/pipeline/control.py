@@ -15,9 +15,9 @@ from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.models import load_model
 from agent_r1.pipeline.rl_driver import curve_path, matched_method, rl_seconds
-from agent_r1.pipeline.state import checkpoint_dir, sft_learner_config, write_json
+from agent_r1.pipeline.state import checkpoint_dir, record_settings, sft_learner_config, trained_with, write_json
 from agent_r1.progress import Progress
-from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
+from agent_r1.run import Agent, curve_agent, curve_tasks, heldout_point, make_tools, oracle_demonstrations
 from agent_r1.sft import sft as sft_loop
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,9 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     due = rl_curve[1:]
     rl_wall = max((p["wall_s"] for p in rl_curve), default=0.0) or 1.0
     rl_episodes = max((p["episodes"] for p in rl_curve), default=0)  # x: the same share of RL's episodes
-    tasks = curve_tasks(cfg) if rl_curve else []
+    tasks, held_agent = (curve_tasks(cfg), curve_agent(agent, cfg)) if rl_curve else ([], agent)
     if rl_curve and cfg.rl.init_from:  # RL started from another model: the control's start is its own point
-        start = heldout_point(agent, tasks, progress, "heldout sft_control @ 0%")
+        start = heldout_point(held_agent, tasks, progress, "heldout sft_control @ 0%")
         curve = [{"iteration": 0, "episodes": 0, "wall_s": 0.0, **start}]
     else:
         curve = rl_curve[:1]  # RL's iteration 0 is this model too
@@ -61,7 +61,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
 
     def point(share: float, rl_point: dict) -> None:  # at the share of its time where RL's curve has rl_point
         nonlocal held_s
-        metrics = heldout_point(agent, tasks, progress, f"heldout sft_control @ {share:.0%}")
+        metrics = heldout_point(held_agent, tasks, progress, f"heldout sft_control @ {share:.0%}")
         held_s += metrics["eval_s"]
         curve.append({"iteration": rl_point["iteration"], "episodes": round(share * rl_episodes), "wall_s": share * seconds,
                       **metrics})
@@ -86,7 +86,9 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
             point(p["wall_s"] / rl_wall, p)
     if rl_curve:
         write_json(curve_path(cfg, "sft_control"), curve)
-    return learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+    out = learner.save(checkpoint_dir(cfg, "sft_control"), tokenizer)
+    record_settings(out, trained_with(cfg))
+    return out
 
 
 def _rl_curve(cfg: RunConfig) -> list[dict]:

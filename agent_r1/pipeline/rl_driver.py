@@ -51,10 +51,10 @@ from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerprint, history_path, is_complete,
-                                     mark_complete, resumable, save_state, write_json)
+                                     mark_complete, record_settings, resumable, save_state, trained_with, write_json)
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
-from agent_r1.run import Agent, curve_tasks, heldout_point, make_tools, tasks_for
+from agent_r1.run import Agent, curve_agent, curve_tasks, heldout_point, make_tools, tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
@@ -377,13 +377,14 @@ class RLFiles:
     rollouts: Path
     fingerprint: str
     curve: Path | None = None
+    settings: dict | None = None  # what the agent records it was trained with (state.trained_with)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "RLFiles":
         method = cfg.rl.method
         return cls(checkpoint_dir(cfg, method), history_path(cfg, method), cfg.out / "state" / f"rl_{method}",
                    cfg.out / "rollouts" / method, fingerprint(cfg, "data", "model", "env", "sft", "rl", *CURVE_KEYS),
-                   curve_path(cfg, method))
+                   curve_path(cfg, method), trained_with(cfg))
 
     def complete(self) -> bool:
         """Finished before under this config (then a re-run skips it)."""
@@ -476,8 +477,8 @@ class RLTrainer:
             log.warning("eval.every: no held-out curve: the data has no val split (%s, or set eval.curve_split)",
                         val_hint(cfg))
         if cfg.curve_every:
-            held = curve_tasks(cfg)
-            heldout = lambda progress, label: heldout_point(agent, held, progress, label)  # noqa: E731
+            held, held_agent = curve_tasks(cfg), curve_agent(agent, cfg)
+            heldout = lambda progress, label: heldout_point(held_agent, held, progress, label)  # noqa: E731
         never = [name for name, it in health.first_chances(cfg).items() if it is None]
         if never:
             log.info("RL %s: health alarms that cannot be raised in %d iterations: %s (docs/health.md)", cfg.rl.method,
@@ -547,6 +548,8 @@ class RLTrainer:
         if self.files is None:
             return None
         out = self.learner.save(self.files.checkpoint, self.tokenizer)
+        if self.files.settings is not None:
+            record_settings(out, self.files.settings)
         write_json(self.files.history, self.history)
         if self.files.curve is not None:
             write_json(self.files.curve, self.curve)

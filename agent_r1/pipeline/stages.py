@@ -20,13 +20,15 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from agent_r1.atomic import replace_dir
-from agent_r1.config import ConfigError, RunConfig
+from agent_r1.checkpoints import trained_settings
+from agent_r1.config import ConfigError, EnvConfig, RunConfig
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner
 from agent_r1.learner.distributed import barrier, is_main
@@ -40,12 +42,13 @@ from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, history_path,
-                                     is_complete, mark_complete, resumable, save_state, write_json)
+                                     is_complete, mark_complete, record_settings, resumable, save_state, trained_with,
+                                     write_json)
 from agent_r1.evaluate import pass_at_k_by_hops, summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
-from agent_r1.run import (Agent, curve_tasks, evaluate_agent, flat_eval, heldout_point, initial_model, make_tools, oracle_demonstrations, prepare_data,
-                          selection_problems, tasks_for)
+from agent_r1.run import (Agent, curve_agent, curve_tasks, eval_tasks, evaluate_agent, flat_eval, heldout_point, initial_model, make_tools,
+                          oracle_demonstrations, prepare_data, selection_problems)
 from agent_r1.sft import Plateau, sft as sft_loop
 from agent_r1.transcripts import transcripts
 
@@ -125,7 +128,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
     demos = oracle_demonstrations(cfg, agent, agent.context(), load_split(data_dir, "train"))
     stage_log.params({"demonstrations": len(demos)})
     every = cfg.sft.checkpoint_every
-    watch = _PlateauWatch(cfg, agent, learner, tokenizer, client.get("plateau", []), stage_log, progress) \
+    watch = _PlateauWatch(cfg, curve_agent(agent, cfg), learner, tokenizer, client.get("plateau", []), stage_log, progress) \
         if plateau.enabled else None
 
     with progress.task("sft", total=None) as report:
@@ -149,6 +152,7 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
             (cfg.out / "metrics" / "sft_plateau.json").unlink(missing_ok=True)  # the record of an earlier config
     else:
         watch.finish(out, history[-1]["step"])
+    record_settings(out, trained_with(cfg))
     write_json(cfg.out / "metrics" / "sft_history.json", history[::10] + history[-1:])
     mark_complete(out, fp)
     if is_main():
@@ -171,6 +175,7 @@ def _sft_start(cfg: RunConfig, data_dir: Path, tools, resume_from: Path | None):
         from agent_r1.learner import save_hf_checkpoint
 
         save_hf_checkpoint(model, checkpoint_dir(cfg, "base"), tokenizer)
+        record_settings(checkpoint_dir(cfg, "base"), trained_with(cfg))
     else:  # the baseline is the configured model itself; the folder names it (a DVC output)
         write_json(checkpoint_dir(cfg, "base") / "agent_r1_base.json", {"name_or_path": cfg.model.name_or_path})
     return model, tokenizer
@@ -247,29 +252,34 @@ def default_methods(cfg: RunConfig) -> dict[str, str]:
 
 
 def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | None = None,
-             checkpoints: dict[str, str] | None = None, tracker=None, merge: bool = False) -> dict:
+             checkpoints: dict[str, str] | None = None, tracker=None, merge: bool = False,
+             env_set: Collection[str] | None = None) -> dict:
     """Greedy held-out evaluation of each method; writes ``metrics/eval.json``.
 
     ``checkpoints`` maps method name → a checkpoint folder, a hub id or a registry URI
     (``models:/<name>@<alias>``, resolved through ``tracker``); default :func:`default_methods`.
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
     answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
-    other one as an agent with the config's tools. With ``merge`` the results are added to an existing eval.json.
-    With ``eval.every``, the held-out curves too (:func:`heldout_curves`); with ``eval.pass_k``, each
-    model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
+    other one as an agent with the config's tools, in the env settings the checkpoint was trained
+    with where it records them, but for the keys of ``env_set`` (:func:`trained_config`). The
+    tasks are :func:`~agent_r1.run.eval_tasks`. With ``merge`` the results are added to an existing
+    eval.json of the same rows (``metrics/eval_data.json`` records their version; one of other rows
+    is replaced, with a warning). With ``eval.every``, the held-out curves too (:func:`heldout_curves`);
+    with ``eval.pass_k``, each model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
-    tools = make_tools(cfg, data_dir)
     test = load_split(data_dir, cfg.eval.split)
-    tasks = tasks_for(test, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
+    tasks = eval_tasks(cfg, test)
     if not tasks:
         raise ConfigError(f"eval.hops: no {cfg.eval.split} task with eval.hops={cfg.eval.hops} in {cfg.data.path or data_dir}")
     path = cfg.out / "metrics" / "eval.json"
-    results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
+    rows = {"data_version": data_version(data_dir), "split": cfg.eval.split}
+    results = _earlier_results(path, rows) if merge else {}
+    tools = _tools_by_env(data_dir, cfg.eval.split)
     model = None
     for method, src in checkpoints.items():
-        model, by_hops, trajs = _score(cfg, method, src, tools, tasks, progress, tracker, model)
+        model, by_hops, trajs = _score(cfg, method, src, tools, tasks, progress, tracker, model, env_set)
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
@@ -277,27 +287,89 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
             stage_log.metrics({f"{split}/{method}/{k}": v for k, v in flat.items()})
         stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
     if cfg.curve_every:
-        results |= heldout_curves(cfg, checkpoints, tools, stage_log, progress, tracker)
+        results |= heldout_curves(cfg, checkpoints, stage_log, progress, tracker, env_set)
     write_json(path, results)
+    write_json(path.with_name("eval_data.json"), rows)
     stage_log.artifact(path)
     if model is not None:
         write_json(path.with_name("model.json"), model_card(cfg, model))
     return results
 
 
+def _earlier_results(path: Path, rows: dict) -> dict:
+    """The eval.json at ``path`` to merge into: {} when there is none, or when it scored other rows
+    than ``rows`` (its ``eval_data.json`` says so; it is then replaced, and the log says why)."""
+    if not path.exists():
+        return {}
+    stamp = path.with_name("eval_data.json")
+    earlier = json.loads(stamp.read_text()) if stamp.exists() else rows  # an eval.json from before the stamp
+    if earlier != rows:
+        log.warning("%s scored other rows (%s split, data version %s; now %s split, %s): replaced, not merged",
+                    path, earlier.get("split"), earlier.get("data_version"), rows["split"], rows["data_version"])
+        return {}
+    return json.loads(path.read_text())
+
+
+def _tools_by_env(data_dir: Path, split: str):
+    """``tools(cfg)``: the tools of ``cfg``'s env for ``split``'s questions, built once per env section."""
+    built: dict[str, list] = {}
+
+    def tools(cfg: RunConfig) -> list:
+        key = cfg.env.model_dump_json()
+        if key not in built:
+            built[key] = make_tools(cfg, data_dir, split)
+        return built[key]
+
+    return tools
+
+
+def trained_config(cfg: RunConfig, src: str, env_set: Collection[str] | None = None, method: str = "",
+                   warn: bool = True) -> RunConfig:
+    """``cfg`` with the env settings the checkpoint folder ``src`` was trained with (its
+    :data:`~agent_r1.checkpoints.SETTINGS_FILE`), except the keys of ``env_set`` (those the user set,
+    e.g. ``-s env.max_turns=2``; None: every key, for a pipeline's own checkpoints); ``cfg`` itself for
+    a checkpoint without them (a hub model). Where the two differ, a warning (unless not ``warn``)
+    names each key, the value used and the other one."""
+    settings = trained_settings(src) if Path(src).is_dir() else None
+    if settings is None:
+        return cfg
+    trained, given = settings["env"], cfg.env.model_dump(mode="json")
+    keep = set(given) if env_set is None else set(env_set)
+    differ = [k for k in given if k in trained and trained[k] != given[k]]
+    if not differ:
+        return cfg
+
+    def show(v) -> str:
+        text = repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    parts = [f"env.{k}={show(given[k])} as given (trained: {show(trained[k])})" for k in differ if k in keep]
+    taken = [k for k in differ if k not in keep]
+    if taken:
+        parts.append(", ".join(f"env.{k}={show(trained[k])} as trained (pipeline {cfg.name!r}: {show(given[k])})"
+                               for k in taken) + " (-s env.<key>=<value> overrides one)")
+    if warn:
+        log.warning("%s was trained under pipeline %r with env settings other than those of pipeline %r; evaluated "
+                    "with %s", f"{method} ({src})" if method else src, settings.get("pipeline"), cfg.name, "; ".join(parts))
+    if not taken:
+        return cfg
+    env = EnvConfig.model_validate({**given, **{k: trained[k] for k in taken}})
+    return cfg.model_copy(update={"env": env})
+
+
 def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None,
-           pass_k: bool = True):
-    """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
-    (``model`` for a baseline without one), the summary by hop count (with ``pass_k``, a model's
-    ``eval.pass_k`` too) and the episodes."""
+           env_set: Collection[str] | None = None, pass_k: bool = True):
+    """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``, with
+    ``tools(cfg)`` (:func:`_tools_by_env`): the model (``model`` for a baseline without one), the
+    summary by hop count (with ``pass_k``, a model's ``eval.pass_k`` too) and the episodes."""
     if method in POLICY_BASELINES:
-        trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
+        trajs = play_policy(Agent(None, None, tools(cfg), cfg).make_env, tasks, policy_turns(method, cfg.seed))
         return model, summarize_by_hops(trajs, tasks), trajs
-    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, pass_k)
+    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, env_set, pass_k)
 
 
-def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
-                   progress: Progress | None = None, tracker=None) -> dict:
+def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], stage_log: StageLog = NULL_LOG,
+                   progress: Progress | None = None, tracker=None, env_set: Collection[str] | None = None) -> dict:
     """The held-out curves of the trained methods and the SFT-only control (``metrics/heldout/``)
     beside the baselines (``eval.baselines``) of ``checkpoints`` scored on the same curve tasks: the figure
     ``metrics/curves.png`` (also an MLflow artifact) and eval.json's rows
@@ -308,10 +380,11 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     if not curves:
         return {}
     metric, tasks = curve_metric(curves), curve_tasks(cfg)
+    tools = _tools_by_env(cfg.out / "data", cfg.eval.curve_split)
     baselines = {}
     for method, src in checkpoints.items():
         if method in cfg.eval.baselines:
-            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker, pass_k=False)
+            _, by_hops, _ = _score(cfg, method, src, tools, tasks, progress, tracker, env_set=env_set, pass_k=False)
             baselines[method] = float(by_hops["all"].get(metric, 0.0))
     split = f"curve_{cfg.eval.curve_split}"
     path = draw(curves, baselines, metric, f"{cfg.name}: held-out {metric}, {len(tasks)} {cfg.eval.curve_split} tasks",
@@ -320,19 +393,28 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log
     return {split: summary(curves, baselines, metric, len(tasks))}
 
 
+def checkpoint_folder(cfg: RunConfig, method: str, src: str, tracker=None) -> str:
+    """``src`` as a local folder where it is a registry URI (``models:/...``, ``runs:/...``: downloaded
+    through ``tracker`` into ``state/eval_models/<method>``); else ``src`` itself."""
+    if not src.startswith(("models:/", "runs:/")):
+        return src
+    if tracker is None:
+        raise ValueError(f"evaluating {src} needs MLflow tracking")
+    return str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
+
+
 def _evaluate_model(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker,
-                    pass_k: bool = True):
-    """A checkpoint's (or registry URI's) model as ``method`` on ``tasks``: the model, the summary
-    by hop count (with ``pass_k``, :func:`sampled_pass_at_k` of ``eval.pass_k`` added) and the episodes."""
+                    env_set: Collection[str] | None = None, pass_k: bool = True):
+    """A checkpoint's (or registry URI's) model as ``method`` on ``tasks``, in the env settings it
+    was trained with (:func:`trained_config`): the model, the summary by hop count (with ``pass_k``,
+    :func:`sampled_pass_at_k` of ``eval.pass_k`` added) and the episodes."""
     from agent_r1.envs import NaiveRAGEnv, get_env, no_tool_env
 
-    if src.startswith(("models:/", "runs:/")):
-        if tracker is None:
-            raise ValueError(f"evaluating {src} needs MLflow tracking")
-        src = str(tracker.load_agent(src, cfg.out / "state" / "eval_models" / method))
+    src = checkpoint_folder(cfg, method, src, tracker)
+    cfg = trained_config(cfg, src, env_set, method)
     model, tokenizer = load_model(src)
     env_cls = {"naive_rag": NaiveRAGEnv, "no_tool": no_tool_env(get_env(cfg.env.name))}.get(method, Agent.env_cls)
-    agent = Agent(model, tokenizer, tools, cfg, env_cls)
+    agent = Agent(model, tokenizer, tools(cfg), cfg, env_cls)
     by_hops, trajs = evaluate_agent(agent, tasks, progress, f"eval {method}")
     if pass_k and cfg.eval.pass_k:
         for group, scores in sampled_pass_at_k(agent, tasks, progress, method).items():

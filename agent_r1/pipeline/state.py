@@ -4,11 +4,12 @@ of the config that shaped a result, complete markers and resumable states.
 Layout::
 
     data/{corpus,train,test}.parquet          prepare
-    checkpoints/{base,sft,sft_control}/       sft, control   (Hugging Face folders)
-    rl/<method>/                              train          (method: grpo, ppo, rloo, ...)
+    checkpoints/{base,sft,sft_control}/       sft, control   (Hugging Face folders, with the env settings they
+    rl/<method>/                              train           were trained with; method: grpo, ppo, rloo, ...)
     metrics/sft_history.json                  sft            (DVC plots)
     metrics/train/<method>.json               train          (per-iteration RL metrics; DVC plots)
     metrics/eval.json                         evaluate       (split -> method -> metrics; DVC metrics)
+    metrics/eval_data.json                    evaluate       (the rows it scored: data version, split)
     metrics/register.json                     register       (version, alias, why)
     state/                                    resume points  (never a DVC output)
 """
@@ -93,6 +94,20 @@ def is_complete(out_dir: Path, fp: str) -> bool:
 
 def mark_complete(out_dir: Path, fp: str) -> None:
     write_json(out_dir / "agent_r1_stage.json", {"fingerprint": fp})
+
+
+def trained_with(cfg: RunConfig) -> dict:
+    """The settings a checkpoint records (:data:`~agent_r1.checkpoints.SETTINGS_FILE`): the
+    pipeline's name and its ``env`` section (environment, tools, system prompt, context budget),
+    what evaluation uses again (:func:`~agent_r1.checkpoints.trained_settings`)."""
+    return {"pipeline": cfg.name, "env": cfg.env.model_dump(mode="json")}
+
+
+def record_settings(folder: Path, settings: dict) -> None:
+    """Write ``settings`` (:func:`trained_with`) into the checkpoint ``folder``."""
+    from agent_r1.checkpoints import SETTINGS_FILE
+
+    write_json(Path(folder) / SETTINGS_FILE, settings)
 
 
 def save_state(learner, state_dir: Path, fp: str, client: dict, tokenizer=None) -> None:

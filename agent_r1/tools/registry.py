@@ -3,8 +3,9 @@
 ``TOOLS`` maps a name to a :class:`Tool` or to a *tool factory*: a callable that returns a
 `Tool` (or a list of them), for a tool that needs something built first (the search tool needs
 its index). A factory is called with the settings given in the config and, if it declares
-parameters of these names, ``data_dir`` (the prepared dataset folder, a `Path`) and ``env`` (the
-``env`` section of the config)::
+parameters of these names, ``data_dir`` (the prepared dataset folder, a `Path`), ``env`` (the
+``env`` section of the config) and ``split`` (the split whose questions the tools serve, where it
+matters: the val split searches documents of its own; else None)::
 
     @register_tool                       # a Tool, by its own name
     @tool
@@ -81,7 +82,8 @@ def _spec(spec: str | dict) -> tuple[str, dict[str, Any]]:
     return spec["name"], {k: v for k, v in spec.items() if k != "name"}
 
 
-def build_tools(specs: list[str | dict], data_dir: Path | None = None, env: Any = None) -> list[Tool]:
+def build_tools(specs: list[str | dict], data_dir: Path | None = None, env: Any = None,
+                split: str | None = None) -> list[Tool]:
     """The tools a config lists (see the module docstring), in order; names must be unique."""
     tools: list[Tool] = []
     for spec in specs:
@@ -93,7 +95,7 @@ def build_tools(specs: list[str | dict], data_dir: Path | None = None, env: Any 
             made = entry
         else:
             params = inspect.signature(entry).parameters
-            context = {k: v for k, v in (("data_dir", data_dir), ("env", env)) if k in params}
+            context = {k: v for k, v in (("data_dir", data_dir), ("env", env), ("split", split)) if k in params}
             made = entry(**settings, **context)
         made = made if isinstance(made, list) else [made]
         if not all(isinstance(t, Tool) for t in made):

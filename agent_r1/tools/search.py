@@ -96,11 +96,11 @@ def make_search_tool(
 
 
 @register_tool(name="search")
-def search_tool(data_dir: Path, env, top_k: int | None = None) -> Tool:
-    """The registered ``search`` tool: BM25 over ``<data_dir>/corpus.parquet``; ``top_k``,
-    the timeout and the output cap default to ``env.top_k``, ``env.tool_timeout_s`` and
-    ``env.max_output_chars``."""
+def search_tool(data_dir: Path, env, top_k: int | None = None, split: str | None = None) -> Tool:
+    """The registered ``search`` tool: BM25 over ``<data_dir>/corpus.parquet`` (for ``split``, with
+    the documents of its own where it has them: the synthetic val split's); ``top_k``, the timeout
+    and the output cap default to ``env.top_k``, ``env.tool_timeout_s`` and ``env.max_output_chars``."""
     from agent_r1.data.synthetic import load_corpus
 
-    return make_search_tool(SearchIndex(load_corpus(data_dir)), top_k=top_k or env.top_k,
+    return make_search_tool(SearchIndex(load_corpus(data_dir, split)), top_k=top_k or env.top_k,
                             timeout_s=env.tool_timeout_s, max_output_chars=env.max_output_chars)
