@@ -27,6 +27,15 @@ class _TimeUp(Exception):
     pass
 
 
+def _start_point(cfg: RunConfig, rl_curve: list[dict], agent: Agent, tasks: list[dict], progress) -> list[dict]:
+    """The control curve's first point: RL's iteration 0, which is this model too, unless RL started
+    from another model (``rl.init_from``): then the control's own start, scored on ``tasks``."""
+    if not (rl_curve and cfg.rl.init_from):
+        return rl_curve[:1]
+    start = heldout_point(agent, tasks, progress, "heldout sft_control @ 0%")
+    return [{"iteration": 0, "episodes": 0, "wall_s": 0.0, **start}]
+
+
 def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | None = None) -> Path:
     """SFT alone for ``seconds`` (default: :func:`rl_seconds`) more from the SFT checkpoint;
     writes ``checkpoints/sft_control``. With RL's held-out curve (``eval.every``), the control's
@@ -49,11 +58,7 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     rl_wall = max((p["wall_s"] for p in rl_curve), default=0.0) or 1.0
     rl_episodes = max((p["episodes"] for p in rl_curve), default=0)  # x: the same share of RL's episodes
     tasks, held_agent = (curve_tasks(cfg), curve_agent(agent, cfg)) if rl_curve else ([], agent)
-    if rl_curve and cfg.rl.init_from:  # RL started from another model: the control's start is its own point
-        start = heldout_point(held_agent, tasks, progress, "heldout sft_control @ 0%")
-        curve = [{"iteration": 0, "episodes": 0, "wall_s": 0.0, **start}]
-    else:
-        curve = rl_curve[:1]  # RL's iteration 0 is this model too
+    curve = _start_point(cfg, rl_curve, held_agent, tasks, progress)
     seed, t0, held_s = cfg.seed, time.perf_counter(), 0.0
 
     def trained_s() -> float:  # training time so far, the curve's evaluations left out
