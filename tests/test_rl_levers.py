@@ -149,6 +149,27 @@ def test_overlong_filter_zeroes_the_loss_mask_of_cut_episodes_only():
         load_config("tiny", "pipelines.yaml", parse_overrides(["rl.overlong_filter=[answer]"]))
 
 
+# ---------------------------------------------------------------- GSPO
+def test_gspo_settings_in_force_are_the_runs_mlflow_params_and_sft_keeps_its_own(tmp_path):
+    """``rl.learner.policy_loss=gspo`` alone: the run's MLflow params show the clip range and aggregation GSPO
+    trains with; SFT and the control keep their token mean."""
+    from agent_r1.pipeline.record import Recorder
+    from agent_r1.pipeline.state import sft_learner_config
+    from agent_r1.tracking import Tracker
+
+    def cfg(*overrides):
+        return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path / 'out'}",
+                                                                      "rl.learner.policy_loss=gspo", *overrides]))
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", project_dir=tmp_path)
+    params = tracker.run_info(Recorder(cfg(), tracker).open())["params"]
+    assert {k: params[f"rl.learner.{k}"] for k in ("policy_loss", "clip_low", "clip_high", "loss_agg")} == {
+        "policy_loss": "gspo", "clip_low": "0.0003", "clip_high": "0.0004", "loss_agg": "seq-mean-token-mean"}
+    assert sft_learner_config(cfg()).loss_agg == "token-mean"
+    mine = cfg("rl.learner.clip_low=0.1", "rl.learner.loss_agg=token-mean").rl.learner
+    assert (mine.clip_low, mine.clip_high, mine.loss_agg) == (0.1, 4e-4, "token-mean")
+
+
 # ---------------------------------------------------------------- the curriculum
 def results(drawn: list[int], easy: set[int]) -> list[Trajectory]:
     """Two episodes of each drawn task: an easy task's both succeed, another's one of two does."""
