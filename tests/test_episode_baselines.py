@@ -173,18 +173,14 @@ TIE_ESTIMATORS = [("grpo", {}), ("grpo_no_std", {}), ("rloo", {}), ("gigpo", {})
                   ("gigpo", {"gamma": 0.9})]
 
 
-def test_a_float32_row_sum_breaks_the_tie():
-    """What the float64 step rewards are for: the same four rewards sum to two float32 values on rows of
-    1,1,1 and 8,1,9 action tokens (the tie the estimators used to break: advantages 0.1065 and 0)."""
-    sums = [collate(to_sequences(tied(False, a)), PAD).token_rewards.float().sum(1).item() for a in (SHORT, LONG)]
-    assert sums[0] != sums[1]
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name,settings", TIE_ESTIMATORS)
 def test_equal_rewards_get_advantage_zero_in_every_layout(name, settings, layout):
     """Two episodes of one group with the same rewards: both get exactly 0 on every token, full history,
-    cut into step rows, or one of each."""
+    cut into step rows, or one of each. (Summed in float32 over their full-history rows, their rewards
+    differ by an ulp: the tie this keeps.)"""
+    rows = [collate(to_sequences(tied(False, a)), PAD).token_rewards.float().sum(1).item() for a in (SHORT, LONG)]
+    assert rows[0] != rows[1]
     settings = dict(settings)
     gamma = settings.pop("gamma", 1.0)
     learner = SimpleNamespace(critic=None, single_step=True, reference=None)
@@ -203,3 +199,16 @@ def test_a_tied_group_gets_exactly_zero_where_its_mean_rounds(name):
     assert sum([0.1] * 3) / 3 != 0.1
     _, adv = advantages(name, trajs)
     assert torch.equal(adv, torch.zeros_like(adv)) and adv.dtype == torch.float64
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_equal_rewards_get_equal_advantages_step_by_step_under_batch_whitening(name, layout):
+    """The batch-whitened estimators (gamma 1) give the two tied episodes one advantage per step, the
+    same in both: the returns-to-go of a full-history row (float64 tokens) and of step rows are equal."""
+    learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+    window_a, window_b = LAYOUTS[layout]
+    b = build_train_batch(learner, [tied(window_a, SHORT), tied(window_b, LONG)], RLConfig(algorithm=name), PAD)
+    a, other = per_step(b, b.advantages, 0), per_step(b, b.advantages, 1)
+    for k in range(3):
+        assert a[k].unique().numel() == 1 and torch.equal(other[k].unique(), a[k].unique()), (k, a[k], other[k])
