@@ -482,8 +482,8 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
 
 
 def _dynamic_sampling_problems(cfg: RunConfig) -> list[str]:
-    """rl.dynamic_sampling drops the groups whose advantages are all 0: it needs estimators that give a group
-    whose episodes all got the same reward 0 (``Estimator.zero_when_tied``), else it would drop none of them."""
+    """rl.dynamic_sampling leaves out the groups whose advantages are all 0: it needs estimators that give a group
+    whose episodes all got the same reward 0 (``Estimator.zero_when_tied``), else such groups stay in."""
     runs = [(cfg.rl.algorithm, cfg.rl.process_rewards)] + [(f["algorithm"], f["process_rewards"])
                                                             for f in map(parse_method, cfg.methods)]
     out = []
@@ -495,7 +495,7 @@ def _dynamic_sampling_problems(cfg: RunConfig) -> list[str]:
             why = ("whitening over the batch or a critic" if tied == "never"
                    else "step rewards or rl.gamma < 1 make its step returns differ")
             out.append(f"rl.dynamic_sampling: estimator {name!r} gives a group whose episodes all got the same reward "
-                       f"non-zero advantages ({why}), so no group would be left out; use grpo, grpo_no_std, rloo or "
+                       f"non-zero advantages ({why}), so it cannot leave such groups out; use grpo, grpo_no_std, rloo or "
                        f"gigpo_outcome with rl.gamma 1, or set rl.dynamic_sampling false")
     return out
 

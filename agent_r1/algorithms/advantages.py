@@ -22,8 +22,9 @@ the last step back in one fixed order: episodes with equal step rewards get bit-
 returns whatever their layout (one prefix-chain row or step rows) and token counts. Group
 statistics are taken on the values minus their group's least one, so a group whose values are all
 equal gets advantage exactly 0 under every norm. (A float32 sum over a row's tokens is not
-layout-free: 0.1 + 0.2 + 0.3 + 0.7 came to 1.29999995 on one row and 1.30000007 on a row with other
-token counts, and (x - mean) / (std + 1e-6) turned that 1-ulp spread into advantages of 0.1.)
+layout-free: 0.1 + 0.2 + 0.3 + 0.7 sums to 1.29999995 on a row of 1, 1, 1 action tokens and to
+1.30000007 on one of 8, 1, 9, and (x - mean) / (std + 1e-6) makes that 1-ulp spread an advantage
+of 0.1.)
 Without `step_rewards` the scores are the float64 reward sums of each episode's first row (the
 whole trajectory, or the first step's return-to-go), and step rows' step rewards are recovered as
 differences of their returns-to-go.

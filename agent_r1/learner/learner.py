@@ -76,8 +76,8 @@ class LearnerConfig(BaseModel):
     dual_clip: float | None = 3.0
     """Dual-clip bound on the loss of negative-advantage tokens (> 1; null disables)."""
     loss_agg: str = "token-mean"
-    """How token losses are averaged: token-mean, seq-mean-token-mean or seq-mean-token-sum; unset, the policy loss's
-    default (gspo: seq-mean-token-mean; SFT and the control then keep token-mean)."""
+    """How the RL update's token losses are averaged: token-mean, seq-mean-token-mean or seq-mean-token-sum; unset, the
+    policy loss's default (gspo: seq-mean-token-mean). SFT and the control always take the token mean."""
     kl_coef: float = Field(0.0, ge=0)  # KL to the frozen reference, added to the loss
     """Weight of the KL penalty to the frozen reference model (0: no reference is loaded)."""
     kl_kind: str = "k3"
