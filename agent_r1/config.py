@@ -263,10 +263,12 @@ class RLConfig(_Strict):
     """Train on the environment's step (process) rewards as well as the final reward; false: the final reward
     alone (the step rewards are still logged). A method named `<method>_outcome` sets it false."""
     dynamic_sampling: bool = False
-    """DAPO's dynamic sampling, filtering form (Yu et al. 2025, arXiv:2503.14476): leave out of the update the groups
-    whose episodes all got the same reward (they have no group-relative signal), so they do not dilute the loss's
-    average; logged as dapo/zero_variance_groups (their share of the groups). A batch of such groups alone is
-    trained on whole."""
+    """DAPO's dynamic sampling, filtering form (Yu et al. 2025, arXiv:2503.14476): leave out of the update (loss mask
+    0) the groups whose advantages are all 0, the groups whose episodes all got the same reward, so they do not dilute
+    the loss's average; logged as dapo/zero_variance_groups (their share of every rank's groups). It is decided on
+    every rank's counts: a batch of such groups alone, on every rank, is trained on whole. Refused for estimators
+    whose equal-reward groups keep non-zero advantages (reinforce_pp, reinforce_pp_baseline, gae, step_gae; gigpo
+    with step rewards or gamma < 1)."""
     overlong_filter: list[Literal["token_budget", "max_turns"]] = []
     """DAPO's overlong filtering: episodes that ended for one of these reasons (cut by the context budget, or by
     env.max_turns) get loss mask 0: no gradient of their own, while their reward still counts in their group's
@@ -525,7 +527,28 @@ def _estimator_problems(cfg: RunConfig) -> list[str]:
                        f"its settings: {sorted(est.settings) or 'none'}")
     if cfg.rl.dynamic_sampling and cfg.rl.group_size < 2:
         out.append(f"rl.dynamic_sampling: compares the episodes of a task; it needs group_size >= 2, got {cfg.rl.group_size}")
+    if cfg.rl.dynamic_sampling:
+        out += _dynamic_sampling_problems(cfg)
     return out + _demos_problems(cfg)
+
+
+def _dynamic_sampling_problems(cfg: RunConfig) -> list[str]:
+    """rl.dynamic_sampling leaves out the groups whose advantages are all 0: it needs estimators that give a group
+    whose episodes all got the same reward 0 (``Estimator.zero_when_tied``), else such groups stay in."""
+    runs = [(cfg.rl.algorithm, cfg.rl.process_rewards)] + [(f["algorithm"], f["process_rewards"])
+                                                            for f in map(parse_method, cfg.methods)]
+    out = []
+    for name, process_rewards in dict.fromkeys(runs):
+        if name not in ADVANTAGES:  # rft: no advantages
+            continue
+        tied = ADVANTAGES[name].zero_when_tied
+        if tied == "never" or (tied == "outcome" and (process_rewards or cfg.rl.gamma < 1)):
+            why = ("whitening over the batch or a critic" if tied == "never"
+                   else "step rewards or rl.gamma < 1 make its step returns differ")
+            out.append(f"rl.dynamic_sampling: estimator {name!r} gives a group whose episodes all got the same reward "
+                       f"non-zero advantages ({why}), so it cannot leave such groups out; use grpo, grpo_no_std, rloo or "
+                       f"gigpo_outcome with rl.gamma 1, or set rl.dynamic_sampling false")
+    return out
 
 
 def _demos_problems(cfg: RunConfig) -> list[str]:

@@ -141,6 +141,9 @@ class Sequence:
     # episode of its own
     episode_id: int | None = None
     state_keys: list[str | None] = field(default_factory=list)  # the state key of each step id of its episode
+    # the reward of each step id of its episode, the final reward added to the last step's (the same list on every
+    # row of the episode); None: not known (the estimators then read `rewards`)
+    step_rewards: list[float] | None = None
 
 
 def _is_prefix_chain(traj: Trajectory) -> bool:
@@ -159,12 +162,16 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
     action tokens marked. Otherwise (sliding window, summaries) each step is its own sequence —
     exactly the context the policy saw plus its action — carrying its return-to-go (its own and
     later step rewards plus the final reward) at its last action token, undiscounted: the first
-    step's row carries the episode's total reward.
+    step's row carries the episode's total reward. Either way every sequence also carries the
+    episode's step rewards (``Sequence.step_rewards``), from which the group baselines compute
+    scores and returns the same way whatever the layout.
     """
     steps = [s for s in traj.steps if s.action_ids]
     if not steps:
         return []
     keys = [s.state_key for s in steps]
+    step_rewards = [s.reward for s in steps]
+    step_rewards[-1] += traj.final_reward
     if _is_prefix_chain(traj):
         last = steps[-1]
         ids = last.context_ids + last.action_ids
@@ -176,18 +183,17 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
             for j in range(len(s.action_ids)):
                 action[start + j], step_ids[start + j] = 1, k
                 logps[start + j] = s.action_logprobs[j]
-            rewards[start + len(s.action_ids) - 1] += s.reward
-        rewards[n - 1] += traj.final_reward
+            rewards[start + len(s.action_ids) - 1] = step_rewards[k]
         return [Sequence(ids, action, step_ids, rewards, logps, traj.group_id, len(steps[0].context_ids), episode_id,
-                         keys)]
+                         keys, step_rewards)]
 
     out = []
-    to_go = traj.final_reward
-    returns = []
-    for s in reversed(steps):
-        to_go += s.reward
-        returns.append(to_go)
-    for k, (s, ret) in enumerate(zip(steps, reversed(returns))):
+    returns = [0.0] * len(steps)
+    to_go = 0.0
+    for k in reversed(range(len(steps))):
+        to_go = step_rewards[k] + to_go
+        returns[k] = to_go
+    for k, (s, ret) in enumerate(zip(steps, returns)):
         c, a = len(s.context_ids), len(s.action_ids)
         rewards = [0.0] * (c + a)
         rewards[-1] = ret
@@ -202,6 +208,7 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
                 prompt_len=c,
                 episode_id=episode_id,
                 state_keys=keys,
+                step_rewards=step_rewards,
             )
         )
     return out
@@ -210,7 +217,8 @@ def to_sequences(traj: Trajectory, episode_id: int | None = None) -> list[Sequen
 @dataclass
 class TrainBatch:
     """What the learner trains on: ``B`` sequences right-padded to ``T`` tokens, on the CPU (the
-    learner moves each micro-batch to its device). Masks and rewards are float32.
+    learner moves each micro-batch to its device). Masks are float32; rewards are float64 (the
+    Python floats exactly, so sums of equal rewards stay equal).
 
     From :func:`collate` (the rollout):
 
@@ -229,6 +237,8 @@ class TrainBatch:
       sequence without one (``Sequence.episode_id`` None) gets an id of its own, ``-1 - row``;
     - ``anchor_ids`` [B, T] long: on each action token, the state key its step started from (``Step.state_key``)
       as an integer, the same for the same key within the batch; -1 where the step has none.
+    - ``step_rewards`` [B, S] float64: the reward of each step of the row's episode, the final reward added to
+      the last step's, 0 after its last step (``Sequence.step_rewards``; None when a sequence has none).
 
     From :func:`~agent_r1.pipeline.rl_driver.build_train_batch` (None until then, or when not needed):
 
@@ -258,6 +268,7 @@ class TrainBatch:
     group_ids: torch.Tensor
     episode_ids: torch.Tensor
     anchor_ids: torch.Tensor | None = None
+    step_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
@@ -273,8 +284,8 @@ class TrainBatch:
     def select(self, rows: torch.Tensor, device: torch.device | None = None) -> "TrainBatch":
         """Rows ``rows``, cut to the longest of them, on ``device``."""
         T = int(self.attention_mask[rows].sum(1).max())
-        return replace(self, **{f.name: (v[rows, :T] if v.dim() == 2 else v[rows]).to(device) for f in fields(self)
-                                if isinstance(v := getattr(self, f.name), torch.Tensor)})
+        return replace(self, **{f.name: (v[rows, :T] if v.dim() == 2 and f.name != "step_rewards" else v[rows]).to(device)
+                                for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)})
 
 
 def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask: bool = True) -> TrainBatch:
@@ -286,7 +297,8 @@ def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask:
     B, T = len(seqs), max(len(s.ids) for s in seqs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros(B, T, dtype=torch.long)
-    action_mask, token_rewards, sample_logprobs, after_prompt = (torch.zeros(B, T) for _ in range(4))
+    action_mask, sample_logprobs, after_prompt = (torch.zeros(B, T) for _ in range(3))
+    token_rewards = torch.zeros(B, T, dtype=torch.float64)
     step_ids = torch.full((B, T), -1, dtype=torch.long)
     anchor_ids = torch.full((B, T), -1, dtype=torch.long)
     anchors: dict[str, int] = {}
@@ -296,16 +308,21 @@ def collate(seqs: list[Sequence], pad_id: int, loss_mask: bool = True, adv_mask:
         attention_mask[i, :n] = 1
         action_mask[i, :n] = torch.tensor(s.action, dtype=torch.float)
         step_ids[i, :n] = torch.tensor(s.step_ids)
-        token_rewards[i, :n] = torch.tensor(s.rewards)
+        token_rewards[i, :n] = torch.tensor(s.rewards, dtype=torch.float64)
         sample_logprobs[i, :n] = torch.tensor(s.sample_logprobs)
         after_prompt[i, s.prompt_len : n] = 1
         ids = [-1 if k < 0 or k >= len(s.state_keys) or s.state_keys[k] is None
                else anchors.setdefault(s.state_keys[k], len(anchors)) for k in s.step_ids]
         anchor_ids[i, :n] = torch.tensor(ids)
+    step_rewards = None
+    if all(s.step_rewards is not None for s in seqs):
+        step_rewards = torch.zeros(B, max(len(s.step_rewards) for s in seqs), dtype=torch.float64)
+        for i, s in enumerate(seqs):
+            step_rewards[i, : len(s.step_rewards)] = torch.tensor(s.step_rewards, dtype=torch.float64)
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, action_mask=action_mask,
                       loss_mask=action_mask if loss_mask else after_prompt,
                       adv_mask=action_mask if adv_mask else after_prompt, step_ids=step_ids, anchor_ids=anchor_ids,
-                      token_rewards=token_rewards, sample_logprobs=sample_logprobs,
+                      token_rewards=token_rewards, step_rewards=step_rewards, sample_logprobs=sample_logprobs,
                       group_ids=torch.tensor([s.group_id for s in seqs], dtype=torch.long),
                       episode_ids=torch.tensor([-1 - i if s.episode_id is None else s.episode_id
                                                 for i, s in enumerate(seqs)], dtype=torch.long))

@@ -52,6 +52,14 @@ def test_registry_names_and_lookup():
     assert get_advantage("gae").report_name == "ppo" and get_advantage("rloo").report_name == "rloo"
     assert get_advantage("reinforce_pp").settings == {"whiten": True} and get_advantage("grpo").settings == {}
     assert get_policy_loss("ppo").settings == ("clip_low", "clip_high", "dual_clip")
+    # what rl.learner takes where a config leaves it unset: the loss function's own defaults
+    assert get_policy_loss("gspo").defaults() == {"loss_agg": "seq-mean-token-mean", "clip_low": 3e-4, "clip_high": 4e-4}
+    assert get_policy_loss("ppo").defaults() == {"loss_agg": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0}
+    # where a group of equal rewards gets advantage 0 (what rl.dynamic_sampling needs)
+    assert {n: e.zero_when_tied for n, e in ADVANTAGES.items() if e.zero_when_tied != "never"} == {
+        "grpo": "always", "grpo_no_std": "always", "rloo": "always", "gigpo": "outcome"}
+    with pytest.raises(ValueError, match="zero_when_tied must be one of always, outcome, never, got 'yes'"):
+        register_advantage("mine", zero_when_tied="yes")
     with pytest.raises(KeyError, match=r"'nope'.*grpo.*rloo"):
         get_advantage("nope")
     with pytest.raises(KeyError, match=r"'nope'.*ppo.*vanilla"):

@@ -1,6 +1,7 @@
 """Group baselines count episodes, not rows (DESIGN.md contract 12): an episode that is not one
 prefix chain is one training row per step, and grpo, grpo_no_std, rloo and reinforce_pp_baseline
-give it exactly what they give the same episode packed as one prefix-chain row."""
+give it exactly what they give the same episode packed as one prefix-chain row. Episodes with
+equal rewards get equal advantages, and a tied group gets exactly 0, whatever the layout."""
 
 from types import SimpleNamespace
 
@@ -33,10 +34,13 @@ def batch_of(trajs: list[Trajectory]):
     return collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], PAD)
 
 
-def advantages(name: str, trajs: list[Trajectory]):
+def advantages(name: str, trajs: list[Trajectory], from_steps: bool = True):
+    """The batch and `name`'s advantages; scores from the batch's step rewards, or (`from_steps` false)
+    from its token rewards alone."""
     b = batch_of(trajs)
     inp = AdvantageInputs(token_rewards=b.token_rewards, mask=b.action_mask, group_ids=b.group_ids,
-                          step_ids=b.step_ids, episode_ids=b.episode_ids)
+                          step_ids=b.step_ids, episode_ids=b.episode_ids,
+                          step_rewards=b.step_rewards if from_steps else None)
     adv, _ = get_advantage(name)(inp)
     return b, adv
 
@@ -67,11 +71,12 @@ def two_forms():
     return chain, steps
 
 
+@pytest.mark.parametrize("from_steps", [True, False])
 @pytest.mark.parametrize("name", GROUP_BASELINES)
-def test_an_episode_as_step_rows_gets_its_prefix_chain_advantage(name):
+def test_an_episode_as_step_rows_gets_its_prefix_chain_advantage(name, from_steps):
     chain, steps = two_forms()
-    b1, a1 = advantages(name, chain)
-    b2, a2 = advantages(name, steps)
+    b1, a1 = advantages(name, chain, from_steps)
+    b2, a2 = advantages(name, steps, from_steps)
     x1, x2 = per_step(b1, a1, 0), per_step(b2, a2, 0)
     assert sorted(x1) == sorted(x2) == [0, 1, 2, 3]
     for k in x1:
@@ -80,11 +85,12 @@ def test_an_episode_as_step_rows_gets_its_prefix_chain_advantage(name):
         assert torch.cat(list(x2.values())).unique().numel() == 1 and x2[0][0] != 0
 
 
+@pytest.mark.parametrize("from_steps", [True, False])
 @pytest.mark.parametrize("name", GROUP_BASELINES)
-def test_group_statistics_do_not_change_when_an_episode_is_cut_into_steps(name):
+def test_group_statistics_do_not_change_when_an_episode_is_cut_into_steps(name, from_steps):
     chain, steps = two_forms()
-    b1, a1 = advantages(name, chain)
-    b2, a2 = advantages(name, steps)
+    b1, a1 = advantages(name, chain, from_steps)
+    b2, a2 = advantages(name, steps, from_steps)
     for e in range(1, len(chain)):  # the other episodes, of both groups, are untouched
         assert_close(per_step(b2, a2, e), per_step(b1, a1, e), rtol=0, atol=1e-6)
 
@@ -92,7 +98,7 @@ def test_group_statistics_do_not_change_when_an_episode_is_cut_into_steps(name):
 def test_grpo_over_step_rows_by_hand():
     _, steps = two_forms()
     b, adv = advantages("grpo", steps)
-    totals = torch.tensor([t.total_reward for t in steps[:3]])  # group 0: three episodes, six rows
+    totals = torch.tensor([t.total_reward for t in steps[:3]], dtype=torch.float64)  # group 0: three episodes, six rows
     assert (b.group_ids == 0).sum() == 6
     want = (totals - totals.mean()) / (totals.std() + 1e-6)
     for e in range(3):
@@ -146,7 +152,63 @@ def test_outcome_methods_train_on_the_final_reward_alone():
     chain, _ = two_forms()
     with_steps = build_train_batch(learner, chain, RLConfig(algorithm="grpo"), PAD)
     outcome = build_train_batch(learner, chain, RLConfig(**parse_method("grpo_outcome")), PAD)
-    finals = torch.tensor([t.final_reward for t in chain])
+    finals = torch.tensor([t.final_reward for t in chain], dtype=torch.float64)
     assert_close(outcome.token_rewards.sum(1), finals)
     assert not torch.allclose(with_steps.token_rewards.sum(1), finals)
     assert chain[0].steps[0].reward == 0.5  # the episodes themselves keep their step rewards
+
+
+# ------------------------------------------------------------------------------ ties stay ties
+def tied(window: bool, actions: list[list[int]], **settings) -> Trajectory:
+    """Step rewards 0.1, 0.2, 0.3 and final reward 0.7, with the state keys s0, s1, s2 (gigpo's anchors)."""
+    t = episode(0, actions, [0.1, 0.2, 0.3], 0.7, window)
+    for k, step in enumerate(t.steps):
+        step.state_key = f"s{k}"
+    return t
+
+
+SHORT, LONG = [[21], [22], [23]], [[31 + j for j in range(8)], [41], [51 + j for j in range(9)]]  # 1,1,1 and 8,1,9 tokens
+LAYOUTS = {"full history": (False, False), "cut": (True, True), "mixed": (False, True), "mixed, other way": (True, False)}
+TIE_ESTIMATORS = [("grpo", {}), ("grpo_no_std", {}), ("rloo", {}), ("gigpo", {}), ("gigpo", {"norm": "mean"}),
+                  ("gigpo", {"gamma": 0.9})]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name,settings", TIE_ESTIMATORS)
+def test_equal_rewards_get_advantage_zero_in_every_layout(name, settings, layout):
+    """Two episodes of one group with the same rewards: both get exactly 0 on every token, full history,
+    cut into step rows, or one of each. (Summed in float32 over their full-history rows, their rewards
+    differ by an ulp: the tie this keeps.)"""
+    rows = [collate(to_sequences(tied(False, a)), PAD).token_rewards.float().sum(1).item() for a in (SHORT, LONG)]
+    assert rows[0] != rows[1]
+    settings = dict(settings)
+    gamma = settings.pop("gamma", 1.0)
+    learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+    cfg = RLConfig(algorithm=name, gamma=gamma, advantage_settings=settings)
+    window_a, window_b = LAYOUTS[layout]
+    b = build_train_batch(learner, [tied(window_a, SHORT), tied(window_b, LONG)], cfg, PAD)
+    assert len(b) == 2 + 2 * window_a + 2 * window_b and b.action_mask.sum() == 3 + 18
+    assert torch.equal(b.advantages, torch.zeros_like(b.advantages))
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo", "gigpo"])
+def test_a_tied_group_gets_exactly_zero_where_its_mean_rounds(name):
+    """Three scores of 0.1: their float64 mean is 0.10000000000000002, so score - mean would be -1.4e-17
+    (and a std of 0 would leave it at -1.4e-11); the statistics are taken on score - the group's least."""
+    trajs = [episode(0, [[21 + i]], [0.0], 0.1, window=False) for i in range(3)]
+    assert sum([0.1] * 3) / 3 != 0.1
+    _, adv = advantages(name, trajs)
+    assert torch.equal(adv, torch.zeros_like(adv)) and adv.dtype == torch.float64
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_equal_rewards_get_equal_advantages_step_by_step_under_batch_whitening(name, layout):
+    """The batch-whitened estimators (gamma 1) give the two tied episodes one advantage per step, the
+    same in both: the returns-to-go of a full-history row (float64 tokens) and of step rows are equal."""
+    learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+    window_a, window_b = LAYOUTS[layout]
+    b = build_train_batch(learner, [tied(window_a, SHORT), tied(window_b, LONG)], RLConfig(algorithm=name), PAD)
+    a, other = per_step(b, b.advantages, 0), per_step(b, b.advantages, 1)
+    for k in range(3):
+        assert a[k].unique().numel() == 1 and torch.equal(other[k].unique(), a[k].unique()), (k, a[k], other[k])

@@ -234,6 +234,37 @@ def test_critic_and_reference_path(algorithm, tok, make_model):
     assert not torch.allclose(new_values, batch.old_values)
 
 
+def test_gspo_trains_with_its_papers_clip_range_and_aggregation(tok, make_model):
+    """``policy_loss: gspo`` alone brings GSPO's clip range 3e-4 / 4e-4 and its sequence-mean aggregation
+    (Zheng et al. 2025, arXiv:2507.18071) into Learner.update; a setting given explicitly wins, and the
+    config holds what is in force (its dump is what a run logs as MLflow params)."""
+    from agent_r1.algorithms import aggregate
+
+    gspo = LearnerConfig(policy_loss="gspo")
+    assert (gspo.clip_low, gspo.clip_high, gspo.loss_agg) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert {k: gspo.model_dump()[k] for k in ("clip_low", "clip_high", "loss_agg")} == {
+        "clip_low": 3e-4, "clip_high": 4e-4, "loss_agg": "seq-mean-token-mean"}
+    mine = LearnerConfig(policy_loss="gspo", clip_high=0.2)
+    assert (mine.clip_low, mine.clip_high, mine.loss_agg) == (3e-4, 0.2, "seq-mean-token-mean")
+    assert (LearnerConfig().clip_low, LearnerConfig().loss_agg) == (0.2, "token-mean")  # ppo's
+    # one step (ratio 1): the policy loss is the sequence mean of -A
+    learner = Learner(make_model(seed=5), LearnerConfig(policy_loss="gspo", lr=1e-3), precision="fp32")
+    batch = rl_batch(learner, tok)
+    stats = learner.update(batch)
+    adv, mask = batch.advantages, batch.loss_mask
+    assert stats["policy/pg_loss"] == pytest.approx(float(aggregate(-adv, mask, "seq-mean-token-mean")), abs=1e-6)
+    assert float(aggregate(-adv, mask, "seq-mean-token-mean")) != pytest.approx(float(aggregate(-adv, mask, "token-mean")),
+                                                                                 abs=1e-3)
+    # two epochs: after the first step the sequence ratios leave [1 - 3e-4, 1 + 4e-4], not [0.8, 1.2]
+    clipfrac = {}
+    for clip in (None, 0.2):
+        kw = {} if clip is None else {"clip_low": clip, "clip_high": clip}
+        learner = Learner(make_model(seed=5), LearnerConfig(policy_loss="gspo", lr=1e-3, ppo_epochs=2, **kw),
+                          precision="fp32")
+        clipfrac[clip] = learner.update(rl_batch(learner, tok))["policy/clipfrac"]
+    assert clipfrac[None] > 0.1 and clipfrac[0.2] == 0, clipfrac
+
+
 def test_rows_with_zero_advantage_are_skipped_without_changing_the_update(tok, make_model):
     """A GRPO group whose samples all got one reward has zero advantage: the update skips its
     rows (and build_train_batch computes their old log-probs), and the step equals the one over every row."""

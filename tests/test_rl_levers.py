@@ -1,6 +1,7 @@
 """The levers that are off by default: DAPO's dynamic sampling (filter) and overlong filtering in the
 batch, and the adaptive task curriculum (its draws, its metrics, its resumable state)."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -31,17 +32,106 @@ def test_dynamic_sampling_leaves_out_the_groups_whose_rewards_are_all_equal():
     plain = build_train_batch(LEARNER, trajs, RLConfig(), PAD)
     assert plain.group_ids.tolist() == [0, 0, 1, 1, 2, 2] and plain.info == {}
     kept = build_train_batch(LEARNER, trajs, RLConfig(dynamic_sampling=True), PAD)
-    assert kept.group_ids.tolist() == [0, 0]  # groups 1 and 2 have no signal
+    assert kept.loss_mask.sum(1).tolist() == [1, 1, 0, 0, 0, 0]  # groups 1 and 2 have no signal
+    assert torch.equal(kept.action_mask, plain.action_mask)
     assert kept.info == {"dapo/zero_variance_groups": pytest.approx(2 / 3)}
     # group 0's advantages are unchanged: scores 1, 0 -> +-1/sqrt(0.5) (eps aside) on its one action token
-    assert_close(kept.advantages, plain.advantages[:2])
-    assert_close(kept.advantages.sum(1), torch.tensor([0.707106, -0.707106]), atol=1e-5, rtol=0)
+    assert_close(kept.advantages, plain.advantages)
+    assert_close(kept.advantages.sum(1)[:2], torch.tensor([0.707106, -0.707106]), atol=1e-5, rtol=0)
     # a batch of such groups alone is trained on whole
     flat = build_train_batch(LEARNER, trajs[2:], RLConfig(dynamic_sampling=True), PAD)
-    assert len(flat) == 4 and flat.info == {"dapo/zero_variance_groups": 1.0}
+    assert flat.loss_mask.sum() == 4 and flat.info == {"dapo/zero_variance_groups": 1.0}
     with pytest.raises(ConfigError, match="rl.dynamic_sampling: .*needs group_size >= 2, got 1"):
-        load_config("tiny", "pipelines.yaml", parse_overrides(["rl.dynamic_sampling=true", "rl.group_size=1",
-                                                                 "rl.algorithm=reinforce_pp"]))
+        load_config("tiny", "pipelines.yaml", parse_overrides(["rl.dynamic_sampling=true", "rl.group_size=1"]))
+
+
+@pytest.mark.parametrize("overrides,estimator", [
+    (["rl.algorithm=reinforce_pp"], "reinforce_pp"), (["rl.algorithm=gae"], "gae"),
+    (["rl.algorithm=gigpo"], "gigpo"), (["rl.algorithm=gigpo", "rl.process_rewards=false", "rl.gamma=0.9"], "gigpo"),
+    (["methods=[grpo, reinforce_pp_baseline]"], "reinforce_pp_baseline")])
+def test_dynamic_sampling_is_refused_where_equal_rewards_keep_a_signal(overrides, estimator):
+    """Whitening over the batch, a critic, or gigpo's step returns (with step rewards or gamma < 1) give a group
+    whose episodes all got the same reward non-zero advantages: one line names the setting and the estimator."""
+    with pytest.raises(ConfigError) as e:
+        load_config("tiny", "pipelines.yaml", parse_overrides(["rl.dynamic_sampling=true", *overrides]))
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("invalid config for pipeline 'tiny' (pipelines.yaml): "
+                                                      f"rl.dynamic_sampling: estimator {estimator!r} gives a group "
+                                                      "whose episodes all got the same reward non-zero advantages"), message
+    for ok in (["rl.algorithm=grpo"], ["rl.algorithm=rloo"], ["methods=[gigpo_outcome, grpo]"]):
+        assert load_config("tiny", "pipelines.yaml", parse_overrides(["rl.dynamic_sampling=true", *ok])).rl.dynamic_sampling
+
+
+# One update with dynamic sampling on this process's share of four groups of two episodes: groups 0 and 1 (every
+# reward equal) on rank 0, groups 2 (a signal) and 3 (equal) on rank 1, all four in one process. The entropy bonus
+# gives every row a gradient, so a group trained or left out changes the step. Rank 0 saves the weights' change.
+DYNAMIC_RANKS = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+from agent_r1.config import RLConfig
+from agent_r1.learner import Learner, LearnerConfig
+from agent_r1.learner.distributed import init_distributed, rank, world_size
+from agent_r1.pipeline.rl_driver import build_train_batch
+from agent_r1.trajectory import Step, Trajectory
+
+init_distributed()
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+before = {k: v.clone() for k, v in model.state_dict().items()}
+learner = Learner(model, LearnerConfig(lr=1e-3, entropy_coef=0.01), precision="fp32")
+
+def episode(group, j, final):
+    steps = [Step([1, 2, 3 + group], [10 + 4 * group + j + k for k in range(2 + j)], [-1.0] * (2 + j))]
+    return Trajectory(f"t{group}", group, steps, final_reward=final)
+
+finals = {0: (1.0, 1.0), 1: (0.0, 0.0), 2: (1.0, 0.0), 3: (0.5, 0.5)}
+shares = {1: [0, 1, 2, 3], 2: [[0, 1], [2, 3]][rank()]}[world_size()]
+trajs = [episode(g, j, finals[g][j]) for g in shares for j in range(2)]
+batch = build_train_batch(learner, trajs, RLConfig(dynamic_sampling=sys.argv[2] == "on"), 0)
+stats = learner.update(batch, torch.Generator().manual_seed(0))
+if rank() == 0:
+    torch.save({k: v - before[k] for k, v in learner.model.state_dict().items()}, sys.argv[1] + ".pt")
+    with open(sys.argv[1] + ".json", "w") as f:
+        json.dump(batch.info | {"live_share": stats["update/live_share"]}, f)
+"""
+
+
+@pytest.mark.slow  # three processes of torch + DeepSpeed: ~30 s on two busy cores
+@pytest.mark.timeout(400)
+def test_two_ranks_with_dynamic_sampling_take_the_step_one_process_takes(tmp_path):
+    """Dynamic sampling decides on every rank's counts: rank 0, whose groups all got equal rewards, leaves
+    them out because rank 1 has a group with a signal, as one process does (deciding per rank, it trained
+    them whole). The step equals one process's to float32 rounding, and differs from the step that trains
+    every group."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agent_r1.ports import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+                                                            "WORLD_SIZE")}
+    base |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    ranks = base | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    runs = [("two", "on", ranks | {"RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    runs += [("one", "on", base), ("all", "off", base)]
+    procs = [subprocess.Popen([sys.executable, "-c", DYNAMIC_RANKS, str(tmp_path / name), mode], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name, mode, env in runs]
+    outs = [p.communicate(timeout=360)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    two, one, every = (torch.load(tmp_path / f"{n}.pt") for n in ("two", "one", "all"))
+    info = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one")}
+    assert info["two"]["dapo/zero_variance_groups"] == info["one"]["dapo/zero_variance_groups"] == 0.75
+    size = max(float(d.abs().max()) for d in one.values())
+    assert size > 1e-4  # the step moved the weights
+    gap, other = (max(float((x[k] - one[k]).abs().max()) for k in one) for x in (two, every))
+    print(f"step: max |change| {size:.2e}; two ranks - one process {gap:.2e}; every group trained - one process {other:.2e}")
+    assert gap <= 1e-3 * size
+    assert other > 0.1 * size
 
 
 def test_overlong_filter_zeroes_the_loss_mask_of_cut_episodes_only():
@@ -57,6 +147,27 @@ def test_overlong_filter_zeroes_the_loss_mask_of_cut_episodes_only():
     assert both.loss_mask.sum(1).tolist() == [2, 0, 0]
     with pytest.raises(ConfigError, match="rl.overlong_filter"):
         load_config("tiny", "pipelines.yaml", parse_overrides(["rl.overlong_filter=[answer]"]))
+
+
+# ---------------------------------------------------------------- GSPO
+def test_gspo_settings_in_force_are_the_runs_mlflow_params_and_sft_keeps_its_own(tmp_path):
+    """``rl.learner.policy_loss=gspo`` alone: the run's MLflow params show the clip range and aggregation GSPO
+    trains with; SFT and the control keep their token mean."""
+    from agent_r1.pipeline.record import Recorder
+    from agent_r1.pipeline.state import sft_learner_config
+    from agent_r1.tracking import Tracker
+
+    def cfg(*overrides):
+        return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path / 'out'}",
+                                                                      "rl.learner.policy_loss=gspo", *overrides]))
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", project_dir=tmp_path)
+    params = tracker.run_info(Recorder(cfg(), tracker).open())["params"]
+    assert {k: params[f"rl.learner.{k}"] for k in ("policy_loss", "clip_low", "clip_high", "loss_agg")} == {
+        "policy_loss": "gspo", "clip_low": "0.0003", "clip_high": "0.0004", "loss_agg": "seq-mean-token-mean"}
+    assert sft_learner_config(cfg()).loss_agg == "token-mean"
+    mine = cfg("rl.learner.clip_low=0.1", "rl.learner.loss_agg=token-mean").rl.learner
+    assert (mine.clip_low, mine.clip_high, mine.loss_agg) == (0.1, 4e-4, "token-mean")
 
 
 # ---------------------------------------------------------------- the curriculum

@@ -8,14 +8,26 @@ action token of the trajectory and each step reward on the last action token of 
 penalty to the reference is not in these rewards: it is a term of the loss (``rl.learner.kl_coef``,
 :func:`agent_r1.algorithms.kl_penalty`).
 
-Group baselines (grpo, grpo_no_std, rloo, reinforce_pp_baseline) compare EPISODES, not rows. An
-episode that is not one prefix chain (a sliding window, summaries) is several rows, one per step,
+Group baselines (grpo, grpo_no_std, rloo, reinforce_pp_baseline, gigpo) compare EPISODES, not rows.
+An episode that is not one prefix chain (a sliding window, summaries) is several rows, one per step,
 sharing an `episode_ids` entry; each step row carries its return-to-go (undiscounted) at its last
-action token. An episode's score is its total reward (final + step rewards): the reward sum of its
-row with the smallest step id — the whole trajectory for a prefix-chain row, the first step's
-return-to-go for step rows. Group size, mean, std and leave-one-out are taken over the episodes of
-a group, and each row gets its episode's advantage, so a group's baseline does not depend on how
-many steps its episodes were cut into (DESIGN.md contract 12).
+action token. An episode's score is its total reward (final + step rewards). Group size, mean, std
+and leave-one-out are taken over the episodes of a group, and each row gets its episode's
+advantage, so a group's baseline does not depend on how many steps its episodes were cut into
+(DESIGN.md contract 12).
+
+Ties stay ties. Scores and gigpo's step returns are computed in float64 from `step_rewards`, each
+episode's per-step rewards (the same list on each of its rows, from `to_sequences`), summed from
+the last step back in one fixed order: episodes with equal step rewards get bit-equal scores and
+returns whatever their layout (one prefix-chain row or step rows) and token counts. Group
+statistics are taken on the values minus their group's least one, so a group whose values are all
+equal gets advantage exactly 0 under every norm. (A float32 sum over a row's tokens is not
+layout-free: 0.1 + 0.2 + 0.3 + 0.7 sums to 1.29999995 on a row of 1, 1, 1 action tokens and to
+1.30000007 on one of 8, 1, 9, and (x - mean) / (std + 1e-6) makes that 1-ulp spread an advantage
+of 0.1.)
+Without `step_rewards` the scores are the float64 reward sums of each episode's first row (the
+whole trajectory, or the first step's return-to-go), and step rows' step rewards are recovered as
+differences of their returns-to-go.
 
 References: GAE — Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
 Advantage Estimation" (arXiv:1506.02438); GRPO — Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300);
@@ -49,6 +61,9 @@ class AdvantageInputs:
     episode_ids: Tensor | None = None
     # [B,T] long: the state key its step started from, as an id (same id = same state), -1 where none (gigpo)
     anchor_ids: Tensor | None = None
+    # [B,S] float64: the reward of each step of the row's episode, the final reward added to its last step's, 0 after
+    # it (TrainBatch.step_rewards); None: scores and step returns are read from token_rewards
+    step_rewards: Tensor | None = None
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6  # floor in the std / variance denominators
@@ -92,21 +107,17 @@ def _require(x: Tensor | None, field: str, estimator: str) -> Tensor:
     return x
 
 
-def _scores(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
-    """Each episode's score: `(scores [E], group ids [E], episode of each row [B] in 0..E-1)`.
+def _episodes(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """The batch's episodes: `(episode of each row [B] in 0..E-1, first row of each episode [E], group id of each
+    episode [E])`.
 
-    A score is the episode's total reward (final + step rewards): the reward sum over the action
-    tokens of the episode's row with the smallest step id (ties: the first such row). For a
-    prefix-chain row (the whole episode) that is the sum of all its rewards; for step rows (an
-    episode that is not one prefix chain, `to_sequences`) it is the first step's return-to-go,
-    which holds the final reward and every step reward. Without `episode_ids` each row is an
-    episode; without `step_ids` an episode's first row in the batch is its first step.
+    Without `episode_ids` each row is an episode. An episode's first row is its row with the smallest step id
+    (ties: the first such row); without `step_ids`, its first row in the batch.
     """
-    row_scores = torch.where(inp.mask.bool(), inp.token_rewards, 0).sum(-1)
-    B = row_scores.shape[0]
-    rows = torch.arange(B, device=row_scores.device)
+    B = inp.group_ids.shape[0]
+    rows = torch.arange(B, device=inp.group_ids.device)
     if inp.episode_ids is None:
-        return row_scores, inp.group_ids, rows
+        return rows, rows, inp.group_ids
     _, ep = torch.unique(inp.episode_ids, return_inverse=True)
     key = rows  # sorts the rows of an episode: by first step id (none: last), then by row
     if inp.step_ids is not None:
@@ -115,7 +126,43 @@ def _scores(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
     first = key.new_full((int(ep.max()) + 1,), int(key.max()) + 1).scatter_reduce_(0, ep, key, "amin") % B
     if not torch.equal(inp.group_ids[first][ep], inp.group_ids):
         raise ValueError("AdvantageInputs: the rows of an episode have different group ids")
-    return row_scores[first], inp.group_ids[first], ep
+    return ep, first, inp.group_ids[first]
+
+
+def _returns(rewards: Tensor, gamma: float, exists: Tensor | None = None) -> Tensor:
+    """[E, S] discounted returns-to-go of per-step `rewards` [E, S] over the steps that exist (`exists`; None:
+    all), added from the last step back in one fixed order, so equal rewards give bit-equal returns."""
+    G = torch.zeros_like(rewards)
+    later = rewards.new_zeros(rewards.shape[0])
+    for k in reversed(range(rewards.shape[1])):
+        now = rewards[:, k] + gamma * later
+        later = now if exists is None else torch.where(exists[:, k], now, later)
+        G[:, k] = later
+    return G
+
+
+def _scores(inp: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """Each episode's score, float64: `(scores [E], group ids [E], episode of each row [B] in 0..E-1)`.
+
+    A score is the episode's total reward (final + step rewards): the undiscounted return from its first
+    step of `step_rewards` (the module's docstring: ties stay ties). Without `step_rewards`, the float64 sum
+    of the rewards on the action tokens of the episode's first row (`_episodes`): all of them for a
+    prefix-chain row, the first step's return-to-go for step rows (`to_sequences`).
+    """
+    ep, first, groups = _episodes(inp)
+    if inp.step_rewards is not None:
+        scores = _returns(inp.step_rewards[first].double(), 1.0)[:, :1].sum(-1)
+    else:
+        scores = torch.where(inp.mask.bool(), inp.token_rewards.double(), 0).sum(-1)[first]
+    return scores, groups, ep
+
+
+def _minus_group_min(x: Tensor, keys: Tensor) -> Tensor:
+    """``x`` [N] minus the least ``x`` of its group (same ``keys`` [N]): exactly 0 on a group whose values are
+    all equal, whatever rounding its mean would have."""
+    _, inv = torch.unique(keys, return_inverse=True)
+    low = x.new_full((int(inv.max()) + 1,), float("inf")).scatter_reduce_(0, inv, x, "amin")
+    return x - low[inv]
 
 
 def _group_size_and_sum(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -175,7 +222,9 @@ def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tens
 
 def _group_normalised(x: Tensor, keys: Tensor, scale: bool, eps: float) -> Tensor:
     """``x`` [N] minus the mean of its group (same ``keys`` [N]), divided by the group's std
-    (Bessel-corrected) + ``eps`` when ``scale``; 0 for a group of one."""
+    (Bessel-corrected) + ``eps`` when ``scale``; 0 for a group of one, and exactly 0 for a group
+    whose values are all equal (taken on ``x`` minus its group's least value)."""
+    x = _minus_group_min(x, keys)
     n, total = _group_size_and_sum(x, keys)
     centred = x - total / n
     if scale:
@@ -187,11 +236,11 @@ def _group_normalised(x: Tensor, keys: Tensor, scale: bool, eps: float) -> Tenso
 def _grpo(inp: AdvantageInputs, scale: bool) -> tuple[Tensor, Tensor]:
     m = inp.mask.bool()
     scores, groups, ep = _scores(inp)
-    adv = torch.where(m, _group_normalised(scores, groups, scale, inp.eps)[ep][:, None], 0)
+    adv = torch.where(m, _group_normalised(scores, groups, scale, inp.eps)[ep][:, None], 0).to(inp.token_rewards.dtype)
     return adv, adv
 
 
-@register_advantage("grpo", needs_groups=True)
+@register_advantage("grpo", needs_groups=True, zero_when_tied="always")
 def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024): `(score - group mean) / (group std + eps)` on every action token.
 
@@ -203,13 +252,13 @@ def grpo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     return _grpo(inp, scale=True)
 
 
-@register_advantage("grpo_no_std", needs_groups=True)
+@register_advantage("grpo_no_std", needs_groups=True, zero_when_tied="always")
 def grpo_no_std(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """Dr. GRPO (Liu et al. 2025): `score - group mean`, without the std division; otherwise as `grpo`."""
     return _grpo(inp, scale=False)
 
 
-@register_advantage("rloo", needs_groups=True)
+@register_advantage("rloo", needs_groups=True, zero_when_tied="always")
 def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): `score - mean of the other scores in the group` on every action token.
 
@@ -217,9 +266,10 @@ def rloo(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """
     m = inp.mask.bool()
     scores, groups, ep = _scores(inp)
+    scores = _minus_group_min(scores, groups)  # a group of equal scores: exactly 0
     n, total = _group_size_and_sum(scores, groups)
     loo = torch.where(n > 1, scores - (total - scores) / (n - 1).clamp(min=1), 0)
-    adv = torch.where(m, loo[ep][:, None], 0)
+    adv = torch.where(m, loo[ep][:, None], 0).to(inp.token_rewards.dtype)
     return adv, adv
 
 
@@ -244,11 +294,11 @@ def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple
     rtg = _masked_gae(inp.token_rewards, torch.zeros_like(inp.token_rewards), m, inp.gamma, 1.0)
     scores, groups, ep = _scores(inp)
     n, total = _group_size_and_sum(scores, groups)
-    adv = torch.where(m, rtg - (total / n)[ep][:, None], 0)
+    adv = torch.where(m, rtg - (total / n)[ep][:, None].to(rtg.dtype), 0)
     return (masked_whiten(adv, m, inp.eps) if whiten else adv), rtg
 
 
-@register_advantage("gigpo", needs_groups=True)
+@register_advantage("gigpo", needs_groups=True, zero_when_tied="outcome")
 def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str = "std") -> tuple[Tensor, Tensor]:
     """GiGPO (Feng et al. 2025, arXiv:2505.10978): episode advantage + w · step advantage, on each
     action token of a step.
@@ -263,9 +313,11 @@ def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str
       group, or without a state key, gets 0.
     - ``w`` = ``step_advantage_weight`` (the paper's default 1; 0: the episode advantage alone).
 
-    Steps are read from ``step_ids``: a prefix-chain row holds every step of its episode; the
-    step rows of an episode (``to_sequences``) each carry their undiscounted return-to-go, from
-    which the step rewards are recovered, so both forms get the same advantages. Without
+    Steps are read from ``step_ids``: a prefix-chain row holds every step of its episode, a step
+    row (``to_sequences``) one. ``R_j`` comes from ``step_rewards`` in float64 (the module's
+    docstring: ties stay ties), so both forms, and a group that mixes them, get the same
+    advantages; without it, from the tokens (a step row's R_j is the difference of its
+    return-to-go and the next one's). Without
     ``step_ids`` or ``anchor_ids`` (an environment without state keys) it is the episode advantage
     alone. returns = advantages.
     """
@@ -276,32 +328,30 @@ def gigpo(inp: AdvantageInputs, *, step_advantage_weight: float = 1.0, norm: str
     if inp.step_ids is None or inp.anchor_ids is None:  # no state keys: no step shares an anchor group
         return episode_adv, episode_adv
     steps, anchors = inp.step_ids.long(), inp.anchor_ids.long()
-    _, groups, ep = _scores(inp)
+    ep, first, groups = _episodes(inp)
     on = m & (steps >= 0)
     E, S = int(ep.max()) + 1, int(torch.where(on, steps, -1).max()) + 1
     if S == 0:
         return episode_adv, episode_adv
     flat = torch.where(on, ep[:, None] * S + steps, E * S)  # slot E*S collects the other tokens
-    rewards_on = torch.where(on, inp.token_rewards, 0).flatten()
-    y = inp.token_rewards.new_zeros(E * S + 1).index_add_(0, flat.flatten(), rewards_on)
     exists = torch.zeros(E * S + 1, dtype=torch.bool, device=m.device).index_fill_(0, flat[on], True)
     anchor = torch.full((E * S + 1,), -1, dtype=torch.long, device=m.device).scatter_reduce_(
         0, flat.flatten(), torch.where(on, anchors, -1).flatten(), "amax")
-    y, exists, anchor = y[:-1].view(E, S), exists[:-1].view(E, S), anchor[:-1].view(E, S)
-    # an episode of several rows is step rows, each carrying its return-to-go: R_k = rtg_k - rtg_(k+1)
-    step_rows = torch.bincount(ep, minlength=E) > 1
-    rewards = torch.where(step_rows[:, None], y - F.pad(y[:, 1:], (0, 1)), y)
-    G = torch.zeros_like(y)
-    later = y.new_zeros(E)
-    for k in reversed(range(S)):
-        later = torch.where(exists[:, k], rewards[:, k] + inp.gamma * later, later)
-        G[:, k] = later
+    exists, anchor = exists[:-1].view(E, S), anchor[:-1].view(E, S)
+    if inp.step_rewards is not None:  # R_k: each episode's step rewards, as they were recorded
+        rewards = F.pad(inp.step_rewards[first].double(), (0, S))[:, :S]
+    else:  # read from the tokens; an episode of several rows is step rows: R_k = rtg_k - rtg_(k+1)
+        rewards_on = torch.where(on, inp.token_rewards.double(), 0).flatten()
+        y = rewards_on.new_zeros(E * S + 1).index_add_(0, flat.flatten(), rewards_on)[:-1].view(E, S)
+        step_rows = torch.bincount(ep, minlength=E) > 1
+        rewards = torch.where(step_rows[:, None], y - F.pad(y[:, 1:], (0, 1)), y)
+    G = _returns(rewards, inp.gamma, exists)
     # anchor groups: (task group, state) pairs; a step without a key is a group of its own
     lone = -1 - torch.arange(E * S, device=m.device).view(E, S)
     pairs = torch.stack([groups[:, None].expand(E, S)[exists], torch.where(anchor >= 0, anchor, lone)[exists]], 1)
     _, keys = torch.unique(pairs, dim=0, return_inverse=True)
-    step_adv = torch.zeros_like(y)
+    step_adv = torch.zeros_like(G)
     step_adv[exists] = _group_normalised(G[exists], keys, norm == "std", inp.eps)
     per_token = F.pad(step_adv.flatten(), (0, 1))[flat]
-    adv = torch.where(m, episode_adv + step_advantage_weight * per_token, 0)
+    adv = torch.where(m, episode_adv + step_advantage_weight * per_token, 0).to(inp.token_rewards.dtype)
     return adv, adv

@@ -103,7 +103,8 @@ def gspo_loss(
     ``s_t = sg(s) * exp(logp_t - sg(logp_t))``: its value is ``s``, its gradient ``s * grad logp_t``,
     so a row whose tokens share one advantage gets GSPO's gradient
     ``s * A * mean_t grad logp_t`` (with ``agg: seq-mean-token-mean``, the paper's). The clip range is
-    ``[1 - clip_low, 1 + clip_high]`` on ``s`` (the paper's ranges are ~1e-4 wide, not PPO's 0.2).
+    ``[1 - clip_low, 1 + clip_high]`` on ``s``: the paper's 3e-4 and 4e-4, not PPO's 0.2. These
+    defaults, and ``agg``'s, are what ``rl.learner`` uses where the config leaves them unset.
     A row is the sequence: a whole episode for a prefix-chain row, one turn for a step row.
     Metrics: ``clipfrac`` (token share of rows whose clipped term is active), ``approx_kl``.
     """

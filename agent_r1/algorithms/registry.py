@@ -4,9 +4,12 @@ An entry carries what the RL driver and the learner need to use it, so a new est
 is one registered function, with no edit anywhere else:
 
 - an :class:`Estimator` says whether it needs a learned critic (values), whether it needs
-  groups of samples of one task (a group baseline), the name results are reported under, and
-  its own settings (its keyword-only parameters, set by ``rl.advantage_settings``);
-- a :class:`PolicyLoss` names the learner settings (``rl.learner.*``) it takes.
+  groups of samples of one task (a group baseline), when a group whose episodes all got the
+  same reward gets advantage 0 (what ``rl.dynamic_sampling`` needs), the name results are
+  reported under, and its own settings (its keyword-only parameters, set by
+  ``rl.advantage_settings``);
+- a :class:`PolicyLoss` names the learner settings (``rl.learner.*``) it takes; the defaults of
+  its function's parameters are the values those settings take when a config does not set them.
 
 Registration happens when `agent_r1.algorithms` is imported (its `__init__` imports the modules
 that define them), so look-ups through the package always see every built-in. A config may also
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from agent_r1.registry import is_import_path, load_object
+
+TIED_GROUPS = ("always", "outcome", "never")  # Estimator.zero_when_tied
 
 
 def _keyword_settings(fn: Callable) -> dict[str, Any]:
@@ -40,6 +45,10 @@ class Estimator:
     needs_groups: bool = False  # a baseline over the samples of one task: rl.group_size must be > 1
     report_name: str = ""  # the name results are reported under (gae: "ppo"); default: `name`
     settings: dict[str, Any] = field(default_factory=dict)  # keyword-only parameters → defaults
+    # when a group whose episodes all got the same reward gets advantage 0 on every token: "always" (a group
+    # baseline: grpo, rloo), "outcome" (on the final reward alone with gamma 1: gigpo, whose step returns differ
+    # otherwise), "never" (batch whitening or a critic keep a signal); rl.dynamic_sampling is refused where not
+    zero_when_tied: str = "never"
 
     def __call__(self, inp, **settings):
         return self.fn(inp, **settings)
@@ -63,6 +72,14 @@ class PolicyLoss:
         """The keyword arguments this loss takes from a learner config."""
         return {"agg": learner_cfg.loss_agg} | {k: getattr(learner_cfg, k) for k in self.settings}
 
+    def defaults(self) -> dict[str, Any]:
+        """The learner settings this loss takes (``loss_agg`` for ``agg``) → its function's defaults for them:
+        what ``LearnerConfig`` uses where the config does not set them (gspo: its paper's clip range and
+        aggregation)."""
+        params = inspect.signature(self.fn).parameters
+        return {("loss_agg" if k == "agg" else k): params[k].default for k in ("agg", *self.settings)
+                if k in params and params[k].default is not inspect.Parameter.empty}
+
 
 ADVANTAGES: dict[str, Estimator] = {}
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
@@ -81,17 +98,23 @@ def _get(table: dict, kind: str, name: str):
 
 
 def register_advantage(name: str, *, needs_critic: bool = False, needs_groups: bool = False,
-                       report_name: str | None = None) -> Callable[[Callable], Callable]:
+                       report_name: str | None = None, zero_when_tied: str = "never") -> Callable[[Callable], Callable]:
     """Register `fn(inp: AdvantageInputs, *, setting=default, ...) -> (advantages, returns)` as `name`.
 
     ``needs_critic``: the estimator reads ``inp.values`` (the RL driver then trains a critic);
     ``needs_groups``: it compares the samples of one task (``rl.group_size`` must be > 1);
-    ``report_name``: the method name results are reported under (default ``name``). The
-    function's keyword-only parameters are its settings (``rl.advantage_settings``).
+    ``report_name``: the method name results are reported under (default ``name``);
+    ``zero_when_tied``: when a group whose episodes all got the same reward gets advantage 0 on
+    every token (``always``, ``outcome``: on the final reward alone with gamma 1, or ``never``;
+    see :class:`Estimator`). The function's keyword-only parameters are its settings
+    (``rl.advantage_settings``).
     """
+    if zero_when_tied not in TIED_GROUPS:
+        raise ValueError(f"zero_when_tied must be one of {', '.join(TIED_GROUPS)}, got {zero_when_tied!r}")
+
     def decorator(fn: Callable) -> Callable:
         _add(ADVANTAGES, "advantage", Estimator(name, fn, needs_critic, needs_groups, report_name or name,
-                                                _keyword_settings(fn)))
+                                                _keyword_settings(fn), zero_when_tied))
         return fn
 
     return decorator

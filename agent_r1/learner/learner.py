@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent_r1.algorithms import (
     aggregate,
@@ -59,7 +59,9 @@ class LearnerConfig(BaseModel):
     """Optimizer steps per pass (the batch is split into this many)."""
     policy_loss: str = "ppo"
     """Policy loss: a name registered in agent_r1.algorithms (ppo, vanilla, gspo: GSPO's sequence-level ratio) or the import path of a function
-    registered with @register_policy_loss (`module:fn`, `path/to/file.py:fn`)."""
+    registered with @register_policy_loss (`module:fn`, `path/to/file.py:fn`). The settings it takes that the config
+    does not set (clip_low, clip_high, dual_clip, loss_agg) take its function's defaults: gspo brings its paper's clip
+    range 3e-4 / 4e-4 and seq-mean-token-mean, ppo and vanilla the defaults below."""
 
     @field_validator("policy_loss")
     @classmethod
@@ -68,14 +70,15 @@ class LearnerConfig(BaseModel):
 
         return registered_name(v, "policy loss")
     clip_low: float = Field(0.2, ge=0)
-    """PPO ratio clip below 1 (ratio ≥ 1 - clip_low)."""
+    """PPO ratio clip below 1 (ratio ≥ 1 - clip_low); unset, the policy loss's default (gspo: 3e-4)."""
     clip_high: float = Field(0.2, ge=0)
     """PPO ratio clip above 1 (ratio ≤ 1 + clip_high); above clip_low it is DAPO's clip-higher (Yu et al. 2025,
-    arXiv:2503.14476: 0.28 with clip_low 0.2)."""
+    arXiv:2503.14476: 0.28 with clip_low 0.2); unset, the policy loss's default (gspo: 4e-4)."""
     dual_clip: float | None = 3.0
     """Dual-clip bound on the loss of negative-advantage tokens (> 1; null disables)."""
     loss_agg: str = "token-mean"
-    """How token losses are averaged: token-mean, seq-mean-token-mean or seq-mean-token-sum."""
+    """How the RL update's token losses are averaged: token-mean, seq-mean-token-mean or seq-mean-token-sum; unset, the
+    policy loss's default (gspo: seq-mean-token-mean). SFT and the control always take the token mean."""
     kl_coef: float = Field(0.0, ge=0)  # KL to the frozen reference, added to the loss
     """Weight of the KL penalty to the frozen reference model (0: no reference is loaded)."""
     kl_kind: str = "k3"
@@ -115,6 +118,19 @@ class LearnerConfig(BaseModel):
         if v is not None:
             read_deepspeed_json(v)
         return v
+
+    @model_validator(mode="after")
+    def _policy_loss_defaults(self) -> "LearnerConfig":
+        """The settings the policy loss takes that the config leaves unset get the loss's own defaults
+        (``PolicyLoss.defaults``), so a dump of the config (the run's MLflow params) shows what is in force.
+        They are written past pydantic's ``model_fields_set``, which keeps naming what the user set."""
+        from agent_r1.algorithms import POLICY_LOSSES
+
+        if self.policy_loss in POLICY_LOSSES:  # an unknown name is reported by the config's checks
+            for key, value in POLICY_LOSSES[self.policy_loss].defaults().items():
+                if key not in self.model_fields_set:
+                    self.__dict__[key] = value
+        return self
 
 
 # Micro-batching is the learner's: it splits a mini-batch by micro_batch_tokens and calls step() itself.

@@ -174,8 +174,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     Episodes that an environment error ended (``stop_reason="env_error"``) have no true reward
     and are left out; if that leaves none, the environment is broken and this raises. With
     ``cfg.process_rewards`` off the step rewards are left out: the final reward alone is trained on.
-    ``cfg.dynamic_sampling`` leaves out the groups whose episodes all got the same reward (unless that is
-    every group); ``cfg.overlong_filter`` zeroes the loss mask of the episodes that ended for its reasons.
+    ``cfg.dynamic_sampling`` zeroes the loss mask of the groups whose advantages are all 0 (:func:`_drop_flat_groups`);
+    ``cfg.overlong_filter`` that of the episodes that ended for its reasons.
     Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
     (``Step.state_key``), the share of steps that start from a state another step of their group starts from
     (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare).
@@ -192,15 +192,6 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     shared, n = all_reduce([sum(c for c in keyed.values() if c > 1), keyed.total()])  # every rank, keyed steps or not
     if n:
         info["rollout/shared_state_steps"] = shared / n
-    if cfg.dynamic_sampling:
-        rewards: dict[int, set[float]] = {}
-        for t in trajs:
-            rewards.setdefault(t.group_id, set()).add(t.total_reward)
-        flat = {g for g, r in rewards.items() if len(r) == 1}
-        n_flat, n_groups = all_reduce([len(flat), len(rewards)])
-        info["dapo/zero_variance_groups"] = n_flat / n_groups
-        if len(flat) < len(rewards):
-            trajs = [t for t in trajs if t.group_id not in flat]
     # episode id = the trajectory's index on this rank: a rank holds whole groups (rollout_shards)
     batch = collate([s for i, t in enumerate(trajs) for s in to_sequences(t, i)], pad_id, cfg.loss_mask, cfg.adv_mask)
     batch.info = info
@@ -215,8 +206,11 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
                              values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids,
-                             anchor_ids=batch.anchor_ids, gamma=cfg.gamma, lam=cfg.lam)
-    batch.advantages, batch.returns = get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings)
+                             anchor_ids=batch.anchor_ids, step_rewards=batch.step_rewards, gamma=cfg.gamma, lam=cfg.lam)
+    # computed in float64 (the batch's rewards), trained on in float32
+    batch.advantages, batch.returns = (x.float() for x in get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings))
+    if cfg.dynamic_sampling:
+        _drop_flat_groups(batch)
     batch.old_values = values
     # old log-probs only where the update will need them (rows that can carry a gradient), and
     # not at all when the update is a single step: then they are the update's own, detached
@@ -225,6 +219,19 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     if learner.reference is not None and learner.cfg.kl_coef > 0:
         batch.ref_logprobs = learner.logprobs(batch, learner.reference)
     return batch
+
+
+def _drop_flat_groups(batch: TrainBatch) -> None:
+    """DAPO's dynamic sampling (``rl.dynamic_sampling``): the groups whose advantages are 0 on every token (with the
+    estimators the config allows it for, exactly the groups whose episodes all got the same reward) get loss mask 0,
+    unless every group of every rank is such a group. Decided on every rank's counts, so N ranks drop what one
+    process drops; their share is ``batch.info["dapo/zero_variance_groups"]``."""
+    _, group = torch.unique(batch.group_ids, return_inverse=True)
+    signal = torch.zeros(int(group.max()) + 1).index_add_(0, group, (batch.advantages != 0).any(1).float()) > 0
+    n_flat, n_groups = all_reduce([float((~signal).sum()), float(len(signal))])
+    batch.info["dapo/zero_variance_groups"] = n_flat / n_groups
+    if n_flat < n_groups:
+        batch.loss_mask = batch.loss_mask * signal[group][:, None]
 
 
 def rft_kept(t: Trajectory, cfg: RLConfig) -> bool:

@@ -80,8 +80,7 @@ def _prepare(cfg: RunConfig, stage_log: StageLog) -> dict:
 
 # The rl.learner settings SFT's optimizer uses (its lr is sft.lr; it trains every weight): what
 # its fingerprint and dvc.yaml's sft params track, so RL-only settings leave the SFT checkpoint current.
-SFT_OPTIMIZER_KEYS = tuple(f"rl.learner.{k}" for k in ("weight_decay", "grad_clip", "zero_stage", "micro_batch_tokens",
-                                                       "loss_agg"))
+SFT_OPTIMIZER_KEYS = tuple(f"rl.learner.{k}" for k in ("weight_decay", "grad_clip", "zero_stage", "micro_batch_tokens"))
 
 
 def _check_vocabulary(cfg: RunConfig, tokenizer) -> None:

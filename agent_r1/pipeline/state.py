@@ -118,8 +118,9 @@ def save_state(learner, state_dir: Path, fp: str, client: dict, tokenizer=None) 
 
 def sft_learner_config(cfg: RunConfig):
     """The learner settings of SFT and the control: rl.learner's optimizer at ``sft.lr``, every
-    weight trained (no LoRA)."""
-    return cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0})
+    weight trained (no LoRA), the loss a token mean over the action tokens (``rl.learner.loss_agg``
+    is the RL update's: a policy loss's own, gspo's, leaves SFT as it was)."""
+    return cfg.rl.learner.model_copy(update={"lr": cfg.sft.lr, "lora_rank": 0, "loss_agg": "token-mean"})
 
 
 def computed_precision(cfg: RunConfig) -> str:
