@@ -193,7 +193,7 @@ def test_gigpo_methods_by_name():
     from agent_r1.config import RLConfig, parse_method
 
     assert parse_method("gigpo_outcome") == {"algorithm": "gigpo", "loss_mask": True, "adv_mask": True,
-                                             "process_rewards": False}
+                                             "process_rewards": False, "demos": None}
     assert RLConfig(**parse_method("gigpo")).method == "gigpo"
 
 
