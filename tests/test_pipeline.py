@@ -136,7 +136,7 @@ def test_rl_trains_on_the_configured_question_types_only(tmp_path):
 def test_method_names_round_trip(algorithm, loss_mask, adv_mask, process_rewards, name):
     assert method_name(algorithm, loss_mask, adv_mask, process_rewards) == name
     assert parse_method(name) == {"algorithm": algorithm, "loss_mask": loss_mask, "adv_mask": adv_mask,
-                                  "process_rewards": process_rewards}
+                                  "process_rewards": process_rewards, "demos": None}
 
 
 def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
