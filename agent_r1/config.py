@@ -95,6 +95,10 @@ class EnvConfig(_Strict):
     """More keyword arguments for the environment's constructor."""
     max_turns: int = Field(4, ge=1)
     """Assistant turns per episode before it is cut off."""
+    max_format_errors: int | None = Field(2, ge=1)
+    """An episode whose last this many turns were all format errors ends there (stop reason `format_errors`,
+    scored as an episode without an answer), in training, evaluation and every baseline alike; null: only
+    `max_turns` ends it."""
     max_context_tokens: int = Field(1024, ge=64)
     """Token budget of an episode's whole context (prompt, turns and observations)."""
     max_new_tokens: int = Field(48, ge=1)
