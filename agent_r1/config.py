@@ -339,6 +339,10 @@ class EvalConfig(_Strict):
     directly, in one turn, with no tool), random (a uniformly random admissible turn each turn, for
     environments that list them: textworld) and oracle (the environment's oracle turns, the SFT
     demonstrations: textworld's walkthrough, the ceiling)."""
+    cache_baselines: bool = True
+    """Reuse an untrained baseline's score (every one of `baselines`) from the score cache, `$AGENT_R1_CACHE/scores`
+    (default ~/.cache/agent-r1/scores), when the model's files, the data, the tasks and the settings that shape an
+    episode are the same (docs/running.md); false: score them every time."""
 
 
 class RegisterConfig(_Strict):

@@ -158,6 +158,62 @@ def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
 
 
 # ------------------------------------------------------------------------------ baselines
+def test_a_second_evaluation_reuses_the_untrained_baselines_and_a_changed_key_recomputes(tmp_path, monkeypatch, caplog):
+    """The untrained baselines' scores come from the score cache on a second evaluation (no episode
+    run, the same numbers and transcripts, a log line); a change in the model's files, the settings of an
+    episode, the tasks (the seed draws them) or eval.cache_baselines: false scores them again."""
+    import logging
+
+    from safetensors.torch import save_file
+
+    from agent_r1.pipeline import score_cache
+
+    monkeypatch.setenv("AGENT_R1_CACHE", str(tmp_path / "cache"))
+    runs = []  # (method, number of tasks) of every evaluation that played episodes
+    real_model, real_policy = stages._evaluate_model, stages.play_policy
+
+    def counted_model(cfg, method, src, tools, tasks, *a):
+        runs.append((method, len(tasks)))
+        return real_model(cfg, method, src, tools, tasks, *a)
+
+    def counted_policy(make_env, tasks, turn):
+        runs.append(("oracle", len(tasks)))
+        return real_policy(make_env, tasks, turn)
+
+    monkeypatch.setattr(stages, "_evaluate_model", counted_model)
+    monkeypatch.setattr(stages, "play_policy", counted_policy)
+    cfg = tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    base = stages.checkpoint_dir(cfg, "base")
+    checkpoints = {"base_tool_call": str(base), "oracle": ""}
+
+    def evaluate(c=cfg):
+        runs.clear()
+        with caplog.at_level(logging.INFO, logger=score_cache.__name__):
+            caplog.clear()
+            out = stages.evaluate(c, checkpoints=checkpoints)
+        return out, sorted(m for m, _ in runs), sum("cached score used" in r.message for r in caplog.records)
+
+    first, ran, hits = evaluate()
+    assert ran == ["base_tool_call", "oracle"] and hits == 0 and len(list((tmp_path / "cache" / "scores").glob("*.json"))) == 2
+    written = (cfg.out / "metrics" / "eval.json").read_text()
+    second, ran, hits = evaluate()
+    assert ran == [] and hits == 2 and second == first
+    assert (cfg.out / "metrics" / "eval.json").read_text() == written
+
+    assert evaluate(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_new_tokens": 7})}))[1] == \
+        ["base_tool_call", "oracle"]  # the settings of an episode
+    assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
+                             "seed=1"))[1] == ["base_tool_call", "oracle"]  # another draw of the tasks
+    assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
+                             "eval.cache_baselines=false"))[1] == ["base_tool_call", "oracle"]
+    w = weights(base)
+    name = next(iter(w))
+    save_file({**w, name: w[name] + 0.01}, str(base / "model.safetensors"), metadata={"format": "pt"})
+    assert evaluate()[1:] == (["base_tool_call"], 1)  # the model's files changed; the oracle has no model
+
+
 def test_naive_rag_puts_the_question_s_passages_in_the_prompt_and_takes_one_answer_turn():
     from agent_r1.envs.qa import NAIVE_RAG_SYSTEM_PROMPT
 

@@ -36,6 +36,7 @@ from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
+from agent_r1.pipeline.score_cache import baseline_key, cached_score, store_score
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, history_path,
                                      is_complete, mark_complete, resumable, save_state, write_json)
 from agent_r1.evaluate import summarize_by_hops
@@ -186,13 +187,13 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     results: dict[str, dict] = json.loads(path.read_text()) if merge and path.exists() else {}
     model = None
     for method, src in checkpoints.items():
-        model, by_hops, trajs = _score(cfg, method, src, tools, tasks, progress, tracker, model)
+        model, by_hops, text = _score(cfg, method, src, tools, tasks, progress, tracker, model)
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
             flat |= {f"em_{q}": v for q, v in metrics.get("em_by_qtype", {}).items()}
             stage_log.metrics({f"{split}/{method}/{k}": v for k, v in flat.items()})
-        stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
+        stage_log.text(text, f"transcripts/{method}.md")
     if cfg.curve_every:
         results |= heldout_curves(cfg, checkpoints, tools, stage_log, progress, tracker)
     write_json(path, results)
@@ -204,11 +205,24 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
 
 def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None):
     """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
-    (``model`` for a baseline without one), the summary by hop count and the episodes."""
+    (``model`` for a baseline without one, or one read from the cache), the summary by hop count and
+    the transcripts of some episodes. An untrained baseline (``eval.baselines``) comes from the score
+    cache when it holds it (:mod:`~agent_r1.pipeline.score_cache`, ``eval.cache_baselines``), and goes
+    there when it is computed."""
+    key = None
+    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not str(src).startswith(("models:/", "runs:/")):
+        key = baseline_key(cfg, method, str(src), tasks)
+        if (hit := cached_score(method, key, len(tasks))) is not None:
+            return model, hit["by_hops"], hit["transcripts"]
     if method in POLICY_BASELINES:
         trajs = play_policy(Agent(None, None, tools, cfg).make_env, tasks, policy_turns(method, cfg.seed))
-        return model, summarize_by_hops(trajs, tasks), trajs
-    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+        by_hops = summarize_by_hops(trajs, tasks)
+    else:
+        model, by_hops, trajs = _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker)
+    text = transcripts(trajs, tasks, limit=12)
+    if key is not None:
+        store_score(key, by_hops, text)
+    return model, by_hops, text
 
 
 def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], tools, stage_log: StageLog = NULL_LOG,
