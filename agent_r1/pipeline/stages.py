@@ -379,6 +379,17 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     return out | {"timings": timings}
 
 
+def timings_markdown(timings: dict[str, float]) -> str:
+    """:func:`run_stages`' ``timings`` as a table: each stage's wall seconds, their sum, and the
+    pipeline's whole wall time (the sum plus the work between stages: health, the record)."""
+    stages = {k[: -len("_s")]: v for k, v in timings.items() if k != "total_s"}
+    rows = ["| stage | seconds |", "|---|---:|"] + [f"| {name} | {s:.0f} |" for name, s in stages.items()]
+    rows.append(f"| sum of stages | {sum(stages.values()):.0f} |")
+    if "total_s" in timings:
+        rows.append(f"| pipeline (wall) | {timings['total_s']:.0f} |")
+    return "\n".join(rows)
+
+
 def run_health(cfg: RunConfig) -> dict[str, list[str]]:
     """Each RL method's health alarms (:mod:`~agent_r1.pipeline.health`) raised while it trained,
     from its metrics history; with N ranks, rank 0's (the others get {})."""
