@@ -84,6 +84,54 @@ def test_sft_resumed_from_its_last_state_matches_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_named_model_s_sft_state_is_its_weights_and_adam_moments_only_and_resumes(tmp_path):
+    """A save costs what a resume needs: for a model of model.name_or_path (its tokenizer is the model's,
+    loaded again on resume) the state holds the weights and the optimizer's two moments per weight, no
+    copy of the tokenizer, and the resumed run ends where the uninterrupted one did."""
+    import agent_r1.pipeline.stages as st
+
+    tiny = tiny_cfg(tmp_path / "tiny", "sft.epochs=0.05")
+    stages.prepare(tiny)
+    stages.sft(tiny)  # writes checkpoints/base: the untrained tiny model as a model folder
+    base = str(stages.checkpoint_dir(tiny, "base"))
+    n_params = sum(v.numel() for v in weights(base).values())
+
+    def cfg(name):
+        return tiny_cfg(tmp_path / name, f"model.name_or_path={base}", "sft.checkpoint_every=5")
+
+    a, b = cfg("a"), cfg("b")
+    for c in (a, b):
+        stages.prepare(c)
+    stages.sft(a)
+    state = b.out / "state" / "sft"
+
+    class Killed(Exception):
+        pass
+
+    real = st.sft_loop
+
+    def dying_loop(*args, on_step=None, **kw):
+        def wrapped(step, total, m):
+            on_step(step, total, m)
+            if (state / "meta.json").exists():
+                raise Killed
+        return real(*args, on_step=wrapped, **kw)
+
+    st.sft_loop = dying_loop
+    try:
+        with pytest.raises(Killed):
+            stages.sft(b)
+    finally:
+        st.sft_loop = real
+    files = {str(f.relative_to(state)): f.stat().st_size for f in state.rglob("*") if f.is_file()}
+    assert set(files) == {"meta.json", "policy/mp_rank_00_model_states.pt"}
+    assert 3 * 4 * n_params <= sum(files.values()) < 3 * 4 * n_params * 1.1  # fp32 weights + 2 Adam moments
+    stages.sft(b)  # resumes at step 5, the tokenizer from the model's folder
+    wa, wb = weights(a.out / "checkpoints" / "sft"), weights(b.out / "checkpoints" / "sft")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
 def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_path):
     cfg = tiny_cfg(tmp_path, "rl.checkpoint_every=2")
     stages.prepare(cfg)

@@ -133,8 +133,9 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
             report(f"step {step}/{total} loss {m['sft_loss']:.3f}", step / total)
             if step % 50 == 0 or step == total:
                 stage_log.metrics(m, step)
-            if step % every == 0 and step < total:
-                save_state(learner, state_dir, fp, {"step": step, "history": history}, tokenizer)
+            if step % every == 0 and step < total:  # the tokenizer only where the first attempt trained it
+                save_state(learner, state_dir, fp, {"step": step, "history": history},
+                           None if cfg.model.name_or_path else tokenizer)
 
         sft_loop(learner, demos, tokenizer.pad_token_id, cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.lr,
                  cfg.sft.warmup_steps, cfg.seed, on_step=on_step, start_step=start)
