@@ -206,7 +206,7 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
 
 def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None):
     """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``: the model
-    (``model`` for a baseline without one, or one read from the cache), the summary by hop count and
+    (``model`` for a baseline without one and for a score read from the cache), the summary by hop count and
     the transcripts of some episodes. An untrained baseline (``eval.baselines``) comes from the score
     cache when it holds it (:mod:`~agent_r1.pipeline.score_cache`, ``eval.cache_baselines``), and goes
     there when it is computed."""
