@@ -96,6 +96,10 @@ class EnvConfig(_Strict):
     """More keyword arguments for the environment's constructor."""
     max_turns: int = Field(4, ge=1)
     """Assistant turns per episode before it is cut off."""
+    max_format_errors: int | None = Field(2, ge=1)
+    """An episode whose last this many turns were all format errors ends there (stop reason `format_errors`,
+    scored as an episode without an answer), in training, evaluation and every baseline alike; null: only
+    `max_turns` ends it."""
     max_context_tokens: int = Field(1024, ge=64)
     """Token budget of an episode's whole context (prompt, turns and observations)."""
     max_new_tokens: int = Field(48, ge=1)
@@ -383,6 +387,10 @@ class EvalConfig(_Strict):
     directly, in one turn, with no tool), random (a uniformly random admissible turn each turn, for
     environments that list them: textworld) and oracle (the environment's oracle turns, the SFT
     demonstrations: textworld's walkthrough, the ceiling)."""
+    cache_baselines: bool = True
+    """Reuse an untrained baseline's score (every one of `baselines`) from the score cache, `$AGENT_R1_CACHE/scores`
+    (default ~/.cache/agent-r1/scores), when the model's files, the data, the tasks and the settings that shape an
+    episode are the same (docs/running.md); false: score them every time."""
 
 
 class RegisterConfig(_Strict):

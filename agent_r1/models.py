@@ -207,10 +207,15 @@ PACKAGED_MODELS = {
 SOURCE_FILE = "agent_r1_source.json"
 
 
-def model_cache_dir() -> Path:
-    """Where packaged models are converted to: ``$AGENT_R1_CACHE/models`` or ``~/.cache/agent-r1/models``."""
+def cache_root() -> Path:
+    """The user's agent-r1 cache: ``$AGENT_R1_CACHE``, else ``$XDG_CACHE_HOME/agent-r1``, else ``~/.cache/agent-r1``."""
     root = os.environ.get("AGENT_R1_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agent-r1"
-    return Path(root) / "models"
+    return Path(root)
+
+
+def model_cache_dir() -> Path:
+    """Where packaged models are converted to: :func:`cache_root`/models."""
+    return cache_root() / "models"
 
 
 def packaged_gguf(name: str) -> tuple[Path, str]:

@@ -41,7 +41,8 @@ class Trajectory:
     group_id: int
     steps: list[Step] = field(default_factory=list)
     final_reward: float = 0.0
-    # how the episode ended: "answer", "max_turns", "token_budget" (the environment's), or
+    # how the episode ended: "answer", "max_turns", "token_budget" (the environment's), "format_errors"
+    # (env.max_format_errors format errors in a row: agent_r1/rollout/loop.py), or
     # "env_error" (the environment raised; ``error`` says what, and it is not trained on)
     stop_reason: str = ""
     answer: str | None = None  # the answer the environment read from the last turn, if any

@@ -206,13 +206,17 @@ def training_flow(params: TrainingParams = TrainingParams()) -> dict[str, Any] |
         f"Data version `{out['data_version']}`; MLflow run `{out['mlflow_run_id']}`; outputs `{cfg.out}`.\n\n"
         f"## Held-out evaluation\n\n{eval_markdown(out['eval'], cfg.eval.split)}\n\n"
         f"## Registry\n\n{register_markdown(out['register'])}\n\n"
-        f"## Health\n\n{health_markdown(out['health'])}\n",
+        f"## Health\n\n{health_markdown(out['health'])}\n\n"
+        f"## Wall time\n\n{stages.timings_markdown(out['timings'])}\n",
         key=artifact_key(cfg.name, "training"), description=f"training of pipeline {cfg.name}")
     return marked(out)
 
 
 if __name__ == "__main__":
     import argparse
+    import time
+
+    t_command = time.perf_counter()
 
     ap = argparse.ArgumentParser(prog="python -m flows.training", description=training_flow.__doc__)
     ap.add_argument("-p", "--pipeline", default="default")
@@ -229,4 +233,6 @@ if __name__ == "__main__":
     print(f"\n{register_markdown(out['register'])}")
     print(health_markdown(out["health"]))
     print(f"MLflow run {out['mlflow_run_id']} (agent-r1 mlflow-ui); data version {out['data_version']}")
-    print("wall time: " + ", ".join(f"{k[:-2]} {v:.0f}s" for k, v in out["timings"].items()))
+    print(f"\nWall time of the stages ({cfg.out / 'metrics' / 'timings.json'}):\n")
+    print(stages.timings_markdown(out["timings"]))
+    print(f"\nthe flow: {time.perf_counter() - t_command:.0f} s from its start (the stages, its Prefect server and the records)")

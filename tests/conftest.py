@@ -119,6 +119,20 @@ def _training_texts() -> list[str]:
     return texts * 3
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_agent_r1_cache(tmp_path_factory):
+    """The suite's cache folder (``AGENT_R1_CACHE``, also for the processes tests start): the
+    evaluations of one session share their baselines' scores there, never with the user's cache,
+    whose scores came from other code (agent_r1/pipeline/score_cache.py). No test uses a packaged model."""
+    before = os.environ.get("AGENT_R1_CACHE")
+    os.environ["AGENT_R1_CACHE"] = str(tmp_path_factory.mktemp("agent-r1-cache"))
+    yield
+    if before is None:
+        os.environ.pop("AGENT_R1_CACHE", None)
+    else:
+        os.environ["AGENT_R1_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def tok():
     return train_tokenizer(_training_texts(), vocab_size=TINY.vocab_size)

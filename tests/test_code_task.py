@@ -62,6 +62,7 @@ def _run(env_cls, turns: list, tasks: list[dict], tools=(python,)):
 
 class _EnvCfg:
     max_turns, max_context_tokens, format_penalty, system_prompt, kwargs = 3, None, 0.0, "default", {}
+    max_format_errors = None
 
 
 def test_the_oracle_solves_the_task_and_a_wrong_number_scores_zero():

@@ -473,3 +473,43 @@ def test_rows_of_very_different_lengths_are_prefilled_apart_and_decode_as_one_at
     for g, a, c in zip(gens + later_gens, alone + [HFEngine(model, tok, precision="fp32").generate([x], params)[0] for x in later], contexts + later):
         assert g.ids == a.ids, c
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-4)
+
+
+# ------------------------------------------------------------------------------- format errors in a row
+
+def test_an_episode_ends_after_max_format_errors_in_a_row_for_a_model_and_a_baseline(tok):
+    """env.max_format_errors (default 2): the episode whose last 2 turns were format errors ends there
+    (stop reason format_errors, scored as no answer), an episode whose errors are not in a row goes on, and a
+    policy without a model (play_policy, the random/oracle baselines) ends by the same rule; null: max_turns."""
+    from agent_r1.config import EnvConfig
+    from agent_r1.rollout import play_policy
+    from agent_r1.tools import tool
+
+    @tool(thread_safe=True)
+    def lookup(city: str) -> str:
+        """Look up a city.
+
+        Args:
+            city: The city's name.
+        """
+        return "12000"
+
+    good = '<tool_call>{"name": "lookup", "arguments": {"city": "Lorvik"}}</tool_call>'
+    tasks = [{"id": "bad", "question": "?"}, {"id": "mixed", "question": "?"}]
+    script = [["oops", "oops"], ["oops", good], ["oops"], ["<answer>12000</answer>"]]  # 'bad' stops after 2 calls
+
+    def play(max_format_errors, script):
+        make_env = lambda: ToolEnv.from_config([lookup], EnvConfig(max_format_errors=max_format_errors))  # noqa: E731
+        return run_episodes(ScriptedEngine(tok, script), make_env, tasks, ContextManager(tok), SamplingParams())
+
+    bad, mixed = play(2, script)
+    assert EnvConfig().max_format_errors == 2
+    assert bad.stop_reason == "format_errors" and len(bad.steps) == 2 and all(s.format_error for s in bad.steps)
+    assert bad.answer is None and bad.metrics["format_errors"] == 2 and bad.metrics["turns"] == 2
+    assert mixed.stop_reason == "answer" and len(mixed.steps) == 4 and mixed.answer == "12000"
+    for bad in play(None, ["oops"] * 4):  # no limit: env.max_turns (4) ends it
+        assert bad.stop_reason == "max_turns" and len(bad.steps) == 4
+
+    make_env = lambda: ToolEnv.from_config([lookup], EnvConfig())  # noqa: E731
+    (baseline,) = play_policy(make_env, tasks[:1], lambda env, task, k: "")
+    assert baseline.stop_reason == "format_errors" and len(baseline.steps) == 2

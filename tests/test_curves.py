@@ -200,6 +200,26 @@ def test_a_resumed_run_keeps_its_held_out_points_and_takes_each_once(tok, make_m
     assert [p["episodes"] for p in points] == [0, 4, 8] and points[2]["wall_s"] >= points[1]["wall_s"] > 0
 
 
+def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time(tok, make_model):
+    """time/heldout_share: the held-out points' seconds (eval_s) over those plus the iterations' so far."""
+    from agent_r1.context import ContextManager
+    from agent_r1.pipeline.rl_driver import RLTrainer
+    from agent_r1.rollout import HFEngine
+    from test_rl import TASKS, LetterEnv
+
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-3), precision="fp32")
+    trainer = RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), LetterEnv, TASKS, ContextManager(tok),
+                        RLConfig(group_size=2, tasks_per_iteration=2, iterations=3), max_new_tokens=4,
+                        max_context_tokens=256, heldout=lambda progress, label: {"em": 0.0, "eval_s": 5.0}, every=2)
+    trainer.run()
+    points = [1, 2, 3]  # taken by the end of iteration 1, 2, 3: at 0 (the start), 2, 3 (the last)
+    assert [p["iteration"] for p in trainer.curve] == [0, 2, 3]
+    for i, h in enumerate(trainer.history):
+        heldout_s = 5.0 * points[i]
+        rl_s = sum(g["time/iteration_s"] for g in trainer.history[: i + 1])
+        assert h["time/heldout_share"] == pytest.approx(heldout_s / (heldout_s + rl_s))
+
+
 @pytest.mark.slow
 def test_the_control_gets_points_on_the_same_tasks_at_rl_s_shares_of_its_time(tmp_path):
     from agent_r1.pipeline import stages

@@ -84,6 +84,54 @@ def test_sft_resumed_from_its_last_state_matches_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_named_model_s_sft_state_is_its_weights_and_adam_moments_only_and_resumes(tmp_path):
+    """A save costs what a resume needs: for a model of model.name_or_path (its tokenizer is the model's,
+    loaded again on resume) the state holds the weights and the optimizer's two moments per weight, no
+    copy of the tokenizer, and the resumed run ends where the uninterrupted one did."""
+    import agent_r1.pipeline.stages as st
+
+    tiny = tiny_cfg(tmp_path / "tiny", "sft.epochs=0.05")
+    stages.prepare(tiny)
+    stages.sft(tiny)  # writes checkpoints/base: the untrained tiny model as a model folder
+    base = str(stages.checkpoint_dir(tiny, "base"))
+    n_params = sum(v.numel() for v in weights(base).values())
+
+    def cfg(name):
+        return tiny_cfg(tmp_path / name, f"model.name_or_path={base}", "sft.checkpoint_every=5")
+
+    a, b = cfg("a"), cfg("b")
+    for c in (a, b):
+        stages.prepare(c)
+    stages.sft(a)
+    state = b.out / "state" / "sft"
+
+    class Killed(Exception):
+        pass
+
+    real = st.sft_loop
+
+    def dying_loop(*args, on_step=None, **kw):
+        def wrapped(step, total, m):
+            on_step(step, total, m)
+            if (state / "meta.json").exists():
+                raise Killed
+        return real(*args, on_step=wrapped, **kw)
+
+    st.sft_loop = dying_loop
+    try:
+        with pytest.raises(Killed):
+            stages.sft(b)
+    finally:
+        st.sft_loop = real
+    files = {str(f.relative_to(state)): f.stat().st_size for f in state.rglob("*") if f.is_file()}
+    assert set(files) == {"meta.json", "policy/mp_rank_00_model_states.pt"}
+    assert 3 * 4 * n_params <= sum(files.values()) < 3 * 4 * n_params * 1.1  # fp32 weights + 2 Adam moments
+    stages.sft(b)  # resumes at step 5, the tokenizer from the model's folder
+    wa, wb = weights(a.out / "checkpoints" / "sft"), weights(b.out / "checkpoints" / "sft")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
 def test_rl_resumes_after_its_last_state_and_a_changed_config_starts_afresh(tmp_path):
     cfg = tiny_cfg(tmp_path, "rl.checkpoint_every=2")
     stages.prepare(cfg)
@@ -158,6 +206,62 @@ def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
 
 
 # ------------------------------------------------------------------------------ baselines
+def test_a_second_evaluation_reuses_the_untrained_baselines_and_a_changed_key_recomputes(tmp_path, monkeypatch, caplog):
+    """The untrained baselines' scores come from the score cache on a second evaluation (no episode
+    run, the same numbers and transcripts, a log line); a change in the model's files, the settings of an
+    episode, the tasks (the seed draws them) or eval.cache_baselines: false scores them again."""
+    import logging
+
+    from safetensors.torch import save_file
+
+    from agent_r1.pipeline import score_cache
+
+    monkeypatch.setenv("AGENT_R1_CACHE", str(tmp_path / "cache"))
+    runs = []  # (method, number of tasks) of every evaluation that played episodes
+    real_model, real_policy = stages._evaluate_model, stages.play_policy
+
+    def counted_model(cfg, method, src, tools, tasks, *a):
+        runs.append((method, len(tasks)))
+        return real_model(cfg, method, src, tools, tasks, *a)
+
+    def counted_policy(make_env, tasks, turn):
+        runs.append(("oracle", len(tasks)))
+        return real_policy(make_env, tasks, turn)
+
+    monkeypatch.setattr(stages, "_evaluate_model", counted_model)
+    monkeypatch.setattr(stages, "play_policy", counted_policy)
+    cfg = tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]")
+    stages.prepare(cfg)
+    stages.sft(cfg)
+    base = stages.checkpoint_dir(cfg, "base")
+    checkpoints = {"base_tool_call": str(base), "oracle": ""}
+
+    def evaluate(c=cfg):
+        runs.clear()
+        with caplog.at_level(logging.INFO, logger=score_cache.__name__):
+            caplog.clear()
+            out = stages.evaluate(c, checkpoints=checkpoints)
+        return out, sorted(m for m, _ in runs), sum("cached score used" in r.message for r in caplog.records)
+
+    first, ran, hits = evaluate()
+    assert ran == ["base_tool_call", "oracle"] and hits == 0 and len(list((tmp_path / "cache" / "scores").glob("*.json"))) == 2
+    written = (cfg.out / "metrics" / "eval.json").read_text()
+    second, ran, hits = evaluate()
+    assert ran == [] and hits == 2 and second == first
+    assert (cfg.out / "metrics" / "eval.json").read_text() == written
+
+    assert evaluate(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_new_tokens": 7})}))[1] == \
+        ["base_tool_call", "oracle"]  # the settings of an episode
+    assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
+                             "seed=1"))[1] == ["base_tool_call", "oracle"]  # another draw of the tasks
+    assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
+                             "eval.cache_baselines=false"))[1] == ["base_tool_call", "oracle"]
+    w = weights(base)
+    name = next(iter(w))
+    save_file({**w, name: w[name] + 0.01}, str(base / "model.safetensors"), metadata={"format": "pt"})
+    assert evaluate()[1:] == (["base_tool_call"], 1)  # the model's files changed; the oracle has no model
+
+
 def test_naive_rag_puts_the_question_s_passages_in_the_prompt_and_takes_one_answer_turn():
     from agent_r1.envs.qa import NAIVE_RAG_SYSTEM_PROMPT
 

@@ -80,6 +80,17 @@ TINY_RUN = ["data.n_films=24", "data.n_directors=8", "data.n_studios=4", "sft.wo
             "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400"]
 
 
+def test_the_wall_time_table_has_a_row_per_stage_and_their_sum():
+    """What `make run` prints at its end (flows/training.py): stage, seconds, the sum, the pipeline's wall time."""
+    from agent_r1.pipeline.stages import timings_markdown
+
+    text = timings_markdown({"prepare_s": 2.4, "sft_s": 177.2, "train_s": 735.0, "evaluate_s": 143.3, "register_s": 4.0,
+                             "total_s": 1064.0})
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == ["| prepare | 2 |", "| sft | 177 |", "| train | 735 |", "| evaluate | 143 |", "| register | 4 |",
+                    "| sum of stages | 1062 |", "| pipeline (wall) | 1064 |"]
+
+
 @pytest.mark.slow
 def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     cfg = load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}"] + TINY_RUN))

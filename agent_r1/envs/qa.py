@@ -67,6 +67,7 @@ class MultiHopQAEnv(ToolEnv):
         max_tool_calls_per_turn: int = 2,
         max_context_tokens: int | None = None,
         format_penalty: float = 0.0,
+        max_format_errors: int | None = None,
         other_tools: list[Tool] = (),
     ):
         super().__init__(
@@ -77,6 +78,7 @@ class MultiHopQAEnv(ToolEnv):
             max_context_tokens=max_context_tokens,
             system_prompt=system_prompt,
             format_penalty=format_penalty,
+            max_format_errors=max_format_errors,
         )
         self.search_name = search_tool.name
         self.reward_scheme = reward_scheme

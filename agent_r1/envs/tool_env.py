@@ -31,7 +31,7 @@ class StepInfo:
     truncated: int = 0  # tool outputs cut at the tool's max_output_chars
     errors: list[str] = field(default_factory=list)  # every problem, as shown to the model
     # set on the step that ends the episode
-    stop_reason: str | None = None  # "answer", "max_turns", "token_budget"
+    stop_reason: str | None = None  # "answer", "max_turns", "token_budget", "format_errors"
     final_reward: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)  # final_reward's declared metrics
 
@@ -66,7 +66,10 @@ class ToolEnv:
         neither) mean no call of the turn runs; an unknown tool, invalid arguments, or calls
         beyond ``max_tool_calls_per_turn`` fail individually while the other calls run. Any of
         these makes the turn a format error (``format_penalty`` added to its reward);
-      - the turn that reaches ``max_turns`` without an answer ends the episode (``"max_turns"``).
+      - the turn that reaches ``max_turns`` without an answer ends the episode (``"max_turns"``);
+      - the rollout loop ends an episode whose last ``max_format_errors`` turns were all format
+        errors (``"format_errors"``; :func:`agent_r1.rollout.loop.format_errors_end`), whatever the
+        environment; None: no such limit.
 
     Subclasses declare the fields of their tasks in ``TASK_FIELDS``, build prompts in `reset`
     and rewards in `step_reward` / `final_reward`, declare the metrics ``final_reward`` reports in ``METRICS`` (agent_r1/envs/metrics.py: every one
@@ -112,7 +115,7 @@ class ToolEnv:
         (``env.kwargs`` may override them)."""
         prompt = cls.DEFAULT_SYSTEM_PROMPT if cfg.system_prompt == "default" else cfg.system_prompt
         return {"max_turns": cfg.max_turns, "max_context_tokens": cfg.max_context_tokens,
-                "format_penalty": cfg.format_penalty, "system_prompt": prompt}
+                "format_penalty": cfg.format_penalty, "system_prompt": prompt, "max_format_errors": cfg.max_format_errors}
 
     def __init__(
         self,
@@ -123,6 +126,7 @@ class ToolEnv:
         max_context_tokens: int | None = None,
         system_prompt: str | None = None,
         format_penalty: float = 0.0,
+        max_format_errors: int | None = None,
     ):
         self.tools = {t.name: t for t in tools}
         self.parser = get_parser(parser) if isinstance(parser, str) else parser
@@ -131,6 +135,7 @@ class ToolEnv:
         self.max_context_tokens = max_context_tokens
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
+        self.max_format_errors = max_format_errors  # the rollout loop ends an episode after that many in a row
         self.task: dict = {}
         self.metrics: dict[str, int] = dict.fromkeys(ToolEnv.METRICS, 0)
         self.done = False
@@ -241,7 +246,8 @@ class ToolEnv:
         return None
 
     def end(self, stop_reason: str) -> EnvStep:
-        """End the episode without a turn (the rollout loop's call when the next turn cannot fit)."""
+        """End the episode without a turn (the rollout loop's call when the next turn cannot fit, or
+        after ``max_format_errors`` format errors in a row)."""
         if self.done:
             raise RuntimeError("end() called on a finished episode")
         return self._finish([], 0.0, StepInfo(), stop_reason, "")

@@ -324,6 +324,10 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
         point = trainer.heldout_point(stats["time/iteration_s"])
         if "reward" in point:
             stats[health.HELDOUT_REWARD] = point["reward"]
+    if trainer.curve:  # the held-out points' share of the RL stage so far (docs/running.md)
+        heldout_s = sum(p.get("eval_s", 0.0) for p in trainer.curve)
+        rl_s = sum(h["time/iteration_s"] for h in trainer.history) + stats["time/iteration_s"]
+        stats["time/heldout_share"] = heldout_s / max(heldout_s + rl_s, 1e-9)
     stats = health.watch(trainer.history, stats, trajs, trainer.health, trainer.log)
     trainer.history.append(stats)
     trainer.log.metrics({k: v for k, v in stats.items() if k not in (health.HELDOUT_REWARD, health.HELDOUT_START)}, it)

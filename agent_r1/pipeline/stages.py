@@ -41,6 +41,7 @@ from agent_r1.pipeline.ranks import check_ranks, on_main
 from agent_r1.pipeline.record import NULL_LOG, Recorder, StageLog
 from agent_r1.pipeline.rl_driver import rl_methods, train
 from agent_r1.pipeline.runner import DIRECT, Runner
+from agent_r1.pipeline.score_cache import baseline_key, cached_score, store_score
 from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_learner_config, data_version, fingerprint, history_path,
                                      is_complete, mark_complete, record_settings, resumable, save_state, trained_with,
                                      write_json)
@@ -137,9 +138,10 @@ def sft(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | Non
             if step % 50 == 0 or step == total:
                 stage_log.metrics(m, step)
             stop = watch is not None and watch(step, total)
-            if step % every == 0 and step < total and not stop:
+            if step % every == 0 and step < total and not stop:  # the tokenizer only where the first attempt trained it
                 save_state(learner, state_dir, fp, {"step": step, "history": history,
-                                                   "plateau": watch.plateau.points if watch else []}, tokenizer)
+                                                   "plateau": watch.plateau.points if watch else []},
+                           None if cfg.model.name_or_path else tokenizer)
             return stop
 
         sft_loop(learner, demos, tokenizer.pad_token_id, plateau.max_epochs if watch else cfg.sft.epochs,
@@ -278,13 +280,13 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     tools = _tools_by_env(data_dir, cfg.eval.split)
     model = None
     for method, src in checkpoints.items():
-        model, by_hops, trajs = _score(cfg, method, src, tools, tasks, progress, tracker, model, env_set)
+        model, by_hops, text = _score(cfg, method, src, tools, tasks, progress, tracker, model, env_set)
         for split, metrics in flat_eval(by_hops, cfg.eval.split).items():
             results.setdefault(split, {})[method] = metrics
             flat = {k: v for k, v in metrics.items() if k != "em_by_qtype"}
             flat |= {f"em_{q}": v for q, v in metrics.get("em_by_qtype", {}).items()}
             stage_log.metrics({f"{split}/{method}/{k}": v for k, v in flat.items()})
-        stage_log.text(transcripts(trajs, tasks, limit=12), f"transcripts/{method}.md")
+        stage_log.text(text, f"transcripts/{method}.md")
     if cfg.curve_every:
         results |= heldout_curves(cfg, checkpoints, stage_log, progress, tracker, env_set)
     write_json(path, results)
@@ -359,12 +361,25 @@ def trained_config(cfg: RunConfig, src: str, env_set: Collection[str] | None = N
 def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], progress, tracker, model=None,
            env_set: Collection[str] | None = None, pass_k: bool = True):
     """``method`` (a baseline without a model, or a checkpoint's model) on ``tasks``, with
-    ``tools(cfg)`` (:func:`_tools_by_env`): the model (``model`` for a baseline without one), the
-    summary by hop count (with ``pass_k``, a model's ``eval.pass_k`` too) and the episodes."""
+    ``tools(cfg)`` (:func:`_tools_by_env`): the model (``model`` for a baseline without one and for a
+    score read from the cache), the summary by hop count (with ``pass_k``, a model's ``eval.pass_k``
+    too) and the transcripts of some episodes. An untrained baseline (``eval.baselines``) comes from
+    the score cache when it holds it (:mod:`~agent_r1.pipeline.score_cache`, ``eval.cache_baselines``),
+    and goes there when it is computed."""
+    key = None
+    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not str(src).startswith(("models:/", "runs:/")):
+        key = baseline_key(trained_config(cfg, str(src), env_set, warn=False), method, str(src), tasks, pass_k)
+        if (hit := cached_score(method, key, len(tasks))) is not None:
+            return model, hit["by_hops"], hit["transcripts"]
     if method in POLICY_BASELINES:
         trajs = play_policy(Agent(None, None, tools(cfg), cfg).make_env, tasks, policy_turns(method, cfg.seed))
-        return model, summarize_by_hops(trajs, tasks), trajs
-    return _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, env_set, pass_k)
+        by_hops = summarize_by_hops(trajs, tasks)
+    else:
+        model, by_hops, trajs = _evaluate_model(cfg, method, str(src), tools, tasks, progress, tracker, env_set, pass_k)
+    text = transcripts(trajs, tasks, limit=12)
+    if key is not None:
+        store_score(key, by_hops, text)
+    return model, by_hops, text
 
 
 def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], stage_log: StageLog = NULL_LOG,
@@ -549,6 +564,17 @@ def run_stages(cfg: RunConfig, plan: Plan, tracker, progress: Progress | None, r
     write_json(cfg.out / "metrics" / "timings.json", timings)
     rec.close()
     return out | {"timings": timings}
+
+
+def timings_markdown(timings: dict[str, float]) -> str:
+    """:func:`run_stages`' ``timings`` as a table: each stage's wall seconds, their sum, and the
+    pipeline's whole wall time (the sum plus the work between stages: health, the record)."""
+    stages = {k[: -len("_s")]: v for k, v in timings.items() if k != "total_s"}
+    rows = ["| stage | seconds |", "|---|---:|"] + [f"| {name} | {s:.0f} |" for name, s in stages.items()]
+    rows.append(f"| sum of stages | {sum(stages.values()):.0f} |")
+    if "total_s" in timings:
+        rows.append(f"| pipeline (wall) | {timings['total_s']:.0f} |")
+    return "\n".join(rows)
 
 
 def run_health(cfg: RunConfig) -> dict[str, list[str]]:

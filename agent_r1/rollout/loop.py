@@ -50,6 +50,9 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     missing answer (which may be negative); its metrics are the environment's. When that is
     every episode's prompt, :class:`ContextBudgetError` (a config problem).
 
+    An episode whose last ``env.max_format_errors`` turns were all format errors ends there
+    (:func:`format_errors_end`).
+
     An episode whose environment raises (in ``reset``, ``step`` or while its observation is
     added to the context) ends there with ``stop_reason="env_error"`` and the error in its
     ``error``; the other episodes go on. A :class:`MetricError` (the environment reported a
@@ -147,6 +150,8 @@ def play_policy(make_env: Callable[[], ToolEnv], tasks: list[dict], turn: Callab
                                        format_error=res.info.format_error, tool_errors=res.info.tool_errors))
                 if res.done:
                     _finish(traj, env, res.info)
+                elif format_errors_end(traj, env):
+                    _finish(traj, env, env.end("format_errors").info)
         except MetricError:
             raise
         except Exception as e:  # noqa: BLE001 - contain the episode, keep the others
@@ -232,12 +237,24 @@ def _advance(env, ctx, traj: Trajectory, ctx_ids: list[int], gen, text: str, key
     if res.done:
         _finish(traj, env, info)
         return False
+    if format_errors_end(traj, env):
+        _finish(traj, env, env.end("format_errors").info)
+        return False
     context.observe(ctx, list(prefix) + gen.ids, res.observation)
     if max_context_tokens and len(context.context_ids(ctx)) + params.max_new_tokens > max_context_tokens:
         # The next turn cannot fit in the context: end the episode here.
         _finish(traj, env, env.end("token_budget").info)
         return False
     return True
+
+
+def format_errors_end(traj: Trajectory, env) -> bool:
+    """The rule that ends an episode which keeps failing its format, the same for every policy
+    (a model, a baseline) and every environment: its last ``env.max_format_errors`` turns (the
+    setting ``env.max_format_errors``) were all format errors. Such an episode ends with
+    ``stop_reason="format_errors"`` and is scored as one without an answer; None: no such end."""
+    n = getattr(env, "max_format_errors", None)  # an environment built without ToolEnv.__init__ has none
+    return bool(n) and len(traj.steps) >= n and all(s.format_error for s in traj.steps[-n:])
 
 
 def _env_error(traj: Trajectory, env, e: Exception) -> None:
