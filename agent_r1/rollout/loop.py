@@ -42,16 +42,14 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
     sampled turn is decoded only to be parsed by its environment (the trajectory keeps the ids);
     episodes that end drop out of the batch. An episode whose next turn would not fit in
     ``max_context_tokens`` is ended with ``stop_reason="token_budget"``; ``on_turn(turn,
-    n_active)`` reports progress.
+    n_active)`` reports progress. An episode whose last ``env.max_format_errors`` turns were all
+    format errors ends there (:func:`format_errors_end`).
 
     An episode whose prompt leaves no room for a first turn of ``max_new_tokens`` never reaches
     the engine: it ends before its first turn (``stop_reason="token_budget"``, no step, so no
     training row) with ``final_reward`` 0, not what the environment's ``final_reward`` gives a
     missing answer (which may be negative); its metrics are the environment's. When that is
     every episode's prompt, :class:`ContextBudgetError` (a config problem).
-
-    An episode whose last ``env.max_format_errors`` turns were all format errors ends there
-    (:func:`format_errors_end`).
 
     An episode whose environment raises (in ``reset``, ``step`` or while its observation is
     added to the context) ends there with ``stop_reason="env_error"`` and the error in its
