@@ -102,7 +102,7 @@ def on_parts(parts: list, fn) -> list:
         return [f.result() for f in futures]
 
 
-def test_masked_whiten_over_two_parts_is_the_whole_batchs():
+def test_masked_whiten_over_two_parts_whitens_the_whole_batch():
     x = t([[1, 2, 3, 100], [4, 8, 0, 0], [-3, 5, 7, 1]])
     mask = t([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     whole = masked_whiten(x, mask)
