@@ -1,6 +1,9 @@
 """Hand-computed checks of the advantage estimators and losses in agent_r1.algorithms."""
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -77,6 +80,39 @@ def test_masked_whiten():
     assert_close(out, t([[-1, 0, 1, 0]]))
     # a single masked entry is its own mean -> 0 (variance taken as 0, no division by zero)
     assert_close(masked_whiten(t([[5, 7]]), t([[0, 1]])), t([[0, 0]]))
+
+
+def on_parts(parts: list, fn) -> list:
+    """``fn(part, reduce)`` for every part at once, one thread each, ``reduce`` summing a list of floats over
+    every part as an all-reduce sums over ranks (each part waits for the others): a batch split over ranks."""
+    barrier = threading.Barrier(len(parts), timeout=60)  # a part that never reduces breaks it: no hang
+    slots = [None] * len(parts)
+
+    def reducer(i):
+        def reduce(values):
+            slots[i] = values
+            barrier.wait()
+            out = [sum(v) for v in zip(*slots)]
+            barrier.wait()  # every part has read the sums before any writes its next values
+            return out
+        return reduce
+
+    with ThreadPoolExecutor(len(parts)) as pool:
+        futures = [pool.submit(fn, part, reducer(i)) for i, part in enumerate(parts)]
+        return [f.result() for f in futures]
+
+
+def test_masked_whiten_over_two_parts_whitens_the_whole_batch():
+    x = t([[1, 2, 3, 100], [4, 8, 0, 0], [-3, 5, 7, 1]])
+    mask = t([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    whole = masked_whiten(x, mask)
+    halves = [(x[:1], mask[:1]), (x[1:], mask[1:])]
+    assert_close(torch.cat(on_parts(halves, lambda h, reduce: masked_whiten(*h, reduce=reduce))), whole)
+    # each part whitened over its own entries (N ranks without the all-reduce): other advantages
+    assert (torch.cat([masked_whiten(*h) for h in halves]) - whole).abs().max() > 0.1
+    # one masked entry in all: variance 0 (Bessel's n - 1 is of the whole count), as in one process
+    one = on_parts([(t([[5, 7]]), t([[0, 1]])), (t([[2]]), t([[0]]))], lambda h, reduce: masked_whiten(*h, reduce=reduce))
+    assert_close(torch.cat(one, 1), t([[0, 0, 0]]))
 
 
 # ---------------------------------------------------------------- token-level GAE
@@ -280,6 +316,28 @@ def test_step_reward_propagation_by_hand():
     # step GAE: turn 1's step reward rises by r; turn 0 (one step earlier) by r*gl
     d = diff_rows(step_gae)
     assert_close(d[1], t([0, r * gl, r * gl, 0, r, r, 0, 0, 0]))
+
+
+def rows_of(inp: AdvantageInputs, rows: slice) -> AdvantageInputs:
+    return replace(inp, **{f.name: getattr(inp, f.name)[rows] for f in fields(inp)
+                           if isinstance(getattr(inp, f.name), torch.Tensor)})
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_a_batch_split_over_two_ranks_gets_one_processs_advantages(name):
+    """Rows 0-1 (group 4) and 2-3 (group 7) on two "ranks" (``on_parts``), the estimators that whiten
+    taking the batch's mean and variance through the reducer: the advantages one process gets."""
+    rewards = torch.cat([with_step_reward(), BATCH_FINAL[:1] * 0.25])
+    inp = AdvantageInputs(rewards, torch.cat([BATCH_MASK, BATCH_MASK[:1]]), torch.tensor([4, 4, 7, 7]),
+                          torch.cat([BATCH_VALUES, BATCH_VALUES[:1] * 2]), torch.cat([BATCH_STEPS, BATCH_STEPS[:1]]),
+                          gamma=0.9, lam=0.8)
+    whole = get_advantage(name)(inp)
+    parts = on_parts([slice(0, 2), slice(2, 4)], lambda rows, reduce: get_advantage(name)(rows_of(replace(inp, reduce=reduce), rows)))
+    for got, want in zip(zip(*parts), whole):
+        assert_close(torch.cat(got), want)
+    if name in ("reinforce_pp", "reinforce_pp_baseline", "gae", "step_gae"):  # whitened: each part alone differs
+        alone = torch.cat([get_advantage(name)(rows_of(inp, r))[0] for r in (slice(0, 2), slice(2, 4))])
+        assert (alone - whole[0]).abs().max() > 0.1
 
 
 # ---------------------------------------------------------------- aggregation

@@ -363,3 +363,64 @@ def test_every_rank_enters_the_shared_state_all_reduce_with_keyed_steps_or_none(
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # every rank: rank 0's 2 shared steps of the 2 keyed steps; one of the 2 groups with equal rewards
     assert infos[0] == infos[1] == {"rollout/shared_state_steps": 1.0, "dapo/zero_variance_groups": 0.5}
+
+
+WHITENED = """
+import json, os, sys
+from datetime import timedelta
+from types import SimpleNamespace
+import torch.distributed as dist
+from agent_r1.config import RLConfig
+from agent_r1.learner.distributed import rank
+from agent_r1.pipeline.rl_driver import build_train_batch
+from agent_r1.trajectory import Step, Trajectory
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a rank left waiting fails instead of hanging
+
+def episode(group, final, step_reward, turns):
+    steps = [Step([11, 12], [30 + k, 31], [-0.5, -0.5], reward=step_reward) for k in range(turns)]
+    return Trajectory(task_id=f"t{group}", group_id=group, steps=steps, final_reward=final)
+
+# a group per rank (rank 1's rewards larger); one process: both groups
+groups = [[episode(0, 1.0, 0.0, 1), episode(0, 0.0, 0.5, 2)], [episode(1, 3.0, 0.2, 3), episode(1, 2.0, 0.0, 2)]]
+learner = SimpleNamespace(critic=None, single_step=True, reference=None)
+
+def advantages(trajs):  # every advantage token of the batch, row by row
+    out = {}
+    for algorithm in ("reinforce_pp", "reinforce_pp_baseline"):
+        batch = build_train_batch(learner, trajs, RLConfig(algorithm=algorithm, gamma=0.9), 0)
+        out[algorithm] = batch.advantages[batch.adv_mask.bool()].tolist()
+    return out
+
+result = {"ranks": advantages(groups[rank()])}
+dist.barrier()
+dist.destroy_process_group()
+if rank() == 0:  # then one process over the whole batch
+    os.environ["WORLD_SIZE"] = "1"
+    result["one"] = advantages(groups[0] + groups[1])
+open(os.path.join(sys.argv[1], f"rank{rank()}.json"), "w").write(json.dumps(result))
+"""
+
+
+@pytest.mark.slow  # two processes of torch: ~10 s
+@pytest.mark.timeout(300)
+def test_two_ranks_whiten_reinforce_pp_advantages_as_one_process(tmp_path):
+    """reinforce_pp(_baseline) whiten over the batch's action tokens: on 2 ranks (gloo), each with one
+    group, the advantages are one process's over both groups (not each rank's batch whitened alone)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", WHITENED, str(tmp_path)], cwd=ROOT,
+                              env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for algorithm, one in r0["one"].items():
+        two = r0["ranks"][algorithm] + r1["ranks"][algorithm]
+        assert two == pytest.approx(one, rel=1e-6, abs=1e-6), algorithm
+        assert max(map(abs, one)) > 0.1  # something to whiten

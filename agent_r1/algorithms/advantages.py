@@ -41,6 +41,8 @@ Training" (arXiv:2505.10978).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,19 +69,29 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     eps: float = 1e-6  # floor in the std / variance denominators
+    # sums a list of floats over every part of the batch (each rank's: agent_r1.learner.distributed.all_reduce);
+    # None: these rows are the whole batch. Batch whitening takes its statistics through it.
+    reduce: Callable[[list[float]], list[float]] | None = None
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6,
+                  reduce: Callable[[list[float]], list[float]] | None = None) -> Tensor:
     """`(x - mean) / sqrt(var + eps)` over the masked entries of the whole batch; 0 elsewhere.
 
     The variance is Bessel-corrected (unbiased, torch's default), and taken as 0 for fewer than
-    two masked entries.
+    two masked entries. Mean and variance are taken in float64, in two passes (count and sum, then
+    the sum of squared deviations from the mean), each summed over the batch's parts by `reduce`
+    (None: `x` is the whole batch); so N ranks, each whitening its rows with an all-reduce, get
+    the advantages one process gets over all the rows.
     """
     m = mask.bool()
-    n = m.sum()
-    mean = torch.where(m, x, 0).sum() / n.clamp(min=1)
-    var = torch.where(m, (x - mean) ** 2, 0).sum() / (n - 1).clamp(min=1)
-    return torch.where(m, (x - mean) * torch.rsqrt(var + eps), 0)
+    reduce = reduce or list
+    xd = torch.where(m, x.double(), 0)
+    n, total = reduce([float(m.sum()), float(xd.sum())])
+    mean = total / max(n, 1.0)
+    (sq,) = reduce([float(torch.where(m, (xd - mean) ** 2, 0).sum())])
+    var = sq / max(n - 1, 1.0)
+    return torch.where(m, (xd - mean) / math.sqrt(var + eps), 0).to(x.dtype)
 
 
 def _masked_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
@@ -186,7 +198,7 @@ def gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tensor]:
     m = inp.mask.bool()
     adv = _masked_gae(inp.token_rewards, values, m, inp.gamma, inp.lam)
     returns = torch.where(m, adv + values, 0)
-    return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
+    return (masked_whiten(adv, m, inp.eps, inp.reduce) if whiten else adv), returns
 
 
 @register_advantage("step_gae", needs_critic=True, report_name="ppo_step")
@@ -217,7 +229,7 @@ def step_gae(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, Tens
     # the zero column appended at S is what the unmasked tokens gather
     adv = F.pad(step_adv, (0, 1)).gather(1, idx)
     returns = F.pad(step_ret, (0, 1)).gather(1, idx)
-    return (masked_whiten(adv, m, inp.eps) if whiten else adv), returns
+    return (masked_whiten(adv, m, inp.eps, inp.reduce) if whiten else adv), returns
 
 
 def _group_normalised(x: Tensor, keys: Tensor, scale: bool, eps: float) -> Tensor:
@@ -281,7 +293,7 @@ def reinforce_pp(inp: AdvantageInputs, *, whiten: bool = True) -> tuple[Tensor, 
     """
     m = inp.mask.bool()
     rtg = _masked_gae(inp.token_rewards, torch.zeros_like(inp.token_rewards), m, inp.gamma, 1.0)
-    return (masked_whiten(rtg, m, inp.eps) if whiten else rtg), rtg
+    return (masked_whiten(rtg, m, inp.eps, inp.reduce) if whiten else rtg), rtg
 
 
 @register_advantage("reinforce_pp_baseline", needs_groups=True)
@@ -295,7 +307,7 @@ def reinforce_pp_baseline(inp: AdvantageInputs, *, whiten: bool = True) -> tuple
     scores, groups, ep = _scores(inp)
     n, total = _group_size_and_sum(scores, groups)
     adv = torch.where(m, rtg - (total / n)[ep][:, None].to(rtg.dtype), 0)
-    return (masked_whiten(adv, m, inp.eps) if whiten else adv), rtg
+    return (masked_whiten(adv, m, inp.eps, inp.reduce) if whiten else adv), rtg
 
 
 @register_advantage("gigpo", needs_groups=True, zero_when_tied="outcome")

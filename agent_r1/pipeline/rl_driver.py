@@ -206,7 +206,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
                              values=values, step_ids=batch.step_ids, episode_ids=batch.episode_ids,
-                             anchor_ids=batch.anchor_ids, step_rewards=batch.step_rewards, gamma=cfg.gamma, lam=cfg.lam)
+                             anchor_ids=batch.anchor_ids, step_rewards=batch.step_rewards, gamma=cfg.gamma, lam=cfg.lam,
+                             reduce=all_reduce)  # batch whitening's statistics: over every rank's rows
     # computed in float64 (the batch's rewards), trained on in float32
     batch.advantages, batch.returns = (x.float() for x in get_advantage(cfg.algorithm)(inputs, **cfg.advantage_settings))
     if cfg.dynamic_sampling:
