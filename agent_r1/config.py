@@ -361,14 +361,18 @@ class EvalConfig(_Strict):
     evaluate the same `curve_size` tasks of `curve_split` greedily and log them to MLflow (`heldout/<metric>` against
     episodes seen, with `heldout/wall_s` and `heldout/iteration`); 0: no curve (nor on val when the data has no val
     split, e.g. HotpotQA files: the run says so)."""
+    seed: int = 0
+    """Draws the evaluated tasks (`max_per_hop` of each hop count) and the held-out curve's: the same for every run
+    seed, so the seeds of a comparison are scored on the same tasks and an untrained baseline is scored once
+    (`cache_baselines`)."""
     curve_size: int = Field(20, ge=1)
-    """Tasks of the held-out curve (the same ones at every point, drawn with the run's seed)."""
+    """Tasks of the held-out curve (the same ones at every point, drawn with `eval.seed`)."""
     curve_split: Literal["train", "val", "test"] = "val"
     """Split the held-out curve evaluates (settings are chosen on val, never on test)."""
     hops: list[PositiveInt] = [1, 2, 3]
     """Hop counts evaluated, each reported as its own split (test_1hop, ...), where the data has `hops`."""
     max_per_hop: int = Field(100, ge=1)
-    """Questions evaluated per hop count, where the data has hop counts (drawn with the run's seed; the evaluation
+    """Questions evaluated per hop count, where the data has hop counts (drawn with `eval.seed`; the evaluation
     says how many it leaves out); data without them is scored in full."""
     temperature: float = Field(0.0, ge=0)  # 0: greedy
     """Sampling temperature of evaluation (0: greedy)."""

@@ -166,11 +166,11 @@ def tasks_for(df: pd.DataFrame, hops: list[int], limit: int | None = None, seed:
 
 def eval_tasks(cfg: RunConfig, df: pd.DataFrame) -> list[dict]:
     """The tasks evaluation scores: where the data has hop counts, the rows with one of
-    ``eval.hops``, at most ``eval.max_per_hop`` of each (drawn with the run's seed); every row where
+    ``eval.hops``, at most ``eval.max_per_hop`` of each (drawn with ``eval.seed``); every row where
     it has none. Logs how many rows the settings leave out, and which."""
     if "hops" not in df.columns:
         return tasks_for(df, cfg.eval.hops)
-    tasks = tasks_for(df, cfg.eval.hops, cfg.eval.max_per_hop, cfg.seed)
+    tasks = tasks_for(df, cfg.eval.hops, cfg.eval.max_per_hop, cfg.eval.seed)
     if len(tasks) < len(df):
         selected = df["hops"].isin(cfg.eval.hops)
         why = [f"eval.hops {cfg.eval.hops} selects {int(selected.sum())}"] if not selected.all() else []
@@ -332,10 +332,10 @@ def evaluate_agent(agent: Agent, tasks: list[dict], progress: Progress | None = 
 
 
 def curve_tasks(cfg: RunConfig) -> list[dict]:
-    """The held-out curve's tasks: ``eval.curve_size`` of ``eval.curve_split``, drawn with the run's
-    seed: the same at every point of every method's curve."""
+    """The held-out curve's tasks: ``eval.curve_size`` of ``eval.curve_split``, drawn with
+    ``eval.seed``: the same at every point of every method's curve, whatever the run's seed."""
     df = load_split(cfg.out / "data", cfg.eval.curve_split)
-    return task_records(df.sample(n=min(cfg.eval.curve_size, len(df)), random_state=cfg.seed).sort_index())
+    return task_records(df.sample(n=min(cfg.eval.curve_size, len(df)), random_state=cfg.eval.seed).sort_index())
 
 
 def curve_agent(agent: Agent, cfg: RunConfig) -> Agent:

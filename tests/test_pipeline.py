@@ -209,7 +209,8 @@ def test_pipelines_extend_each_other_and_methods_are_checked(tmp_path):
 def test_a_second_evaluation_reuses_the_untrained_baselines_and_a_changed_key_recomputes(tmp_path, monkeypatch, caplog):
     """The untrained baselines' scores come from the score cache on a second evaluation (no episode
     run, the same numbers and transcripts, a log line); a change in the model's files, the settings of an
-    episode, the tasks (the seed draws them) or eval.cache_baselines: false scores them again."""
+    episode, the tasks (eval.seed draws them; the run's seed does not) or eval.cache_baselines: false
+    scores them again."""
     import logging
 
     from safetensors.torch import save_file
@@ -253,7 +254,9 @@ def test_a_second_evaluation_reuses_the_untrained_baselines_and_a_changed_key_re
     assert evaluate(cfg.model_copy(update={"env": cfg.env.model_copy(update={"max_new_tokens": 7})}))[1] == \
         ["base_tool_call", "oracle"]  # the settings of an episode
     assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
-                             "seed=1"))[1] == ["base_tool_call", "oracle"]  # another draw of the tasks
+                             "seed=1"))[1:] == ([], 2)  # another run seed: the same tasks (eval.seed draws them)
+    assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
+                             "eval.seed=1", "eval.max_per_hop=5"))[1] == ["base_tool_call", "oracle"]  # another draw
     assert evaluate(tiny_cfg(tmp_path / "run", "sft.epochs=0.05", "eval.baselines=[base_tool_call, oracle]",
                              "eval.cache_baselines=false"))[1] == ["base_tool_call", "oracle"]
     w = weights(base)
