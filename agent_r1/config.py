@@ -307,6 +307,10 @@ class RLConfig(_Strict):
         return v if v is None else registered_demo_method(v)
     demo_settings: dict[str, bool | int | float | str] = {}
     """The demonstration method's own settings, e.g. {episodes: 2, shrink: 0.5} (prefix), {sft_every: 2} (relift)."""
+    demo_pool: Literal["sft", "all"] = "sft"
+    """Which tasks' demonstrations the demonstration method may use: sft, those the SFT cold start trained on
+    (sft.hops, sft.qtypes, sft.scarce: the same as the SFT-only control, so the comparison with it is fair); all, the
+    oracle's for every RL task. A task outside it gets none (demos/no_demo_share)."""
     learner: LearnerConfig = LearnerConfig()
     """The DeepSpeed learner's optimizer and loss settings."""
 
@@ -473,7 +477,8 @@ class RunConfig(_Strict):
     # <method>_no_loss_mask, <method>_no_adv_mask). Empty: only rl.algorithm.
     methods: list[str] = []
     """A comparison: RL methods trained from the same SFT start with the same budget, on the same tasks in every
-    iteration (grpo, ppo, rloo, <method>_no_loss_mask, ...); empty: only rl.algorithm."""
+    iteration (grpo, ppo, rloo, <method>_no_loss_mask, ...); empty: only rl.algorithm. The register stage registers (and
+    the SFT-only control matches) rl.algorithm's method where it is listed, else the first."""
 
     @field_validator("output_dir")
     @classmethod
@@ -580,6 +585,9 @@ def _demos_problems(cfg: RunConfig) -> list[str]:
     if cfg.rl.demos and cfg.rl.algorithm == RFT:
         out.append(f"rl.demos: {cfg.rl.demos} puts demonstrations in the RL update; rl.algorithm {RFT} has none (use an "
                    "estimator, e.g. grpo)")
+    if cfg.rl.demo_pool == "sft" and cfg.sft.worlds and any(n for _, n in named):
+        out.append(f"rl.demo_pool: sft with sft.worlds={cfg.sft.worlds}: SFT's demonstrations come from fresh worlds, "
+                   "none is of an RL task; use rl.demo_pool: all (or sft.worlds: 0)")
     if cfg.rl.demos and cfg.rl.max_staleness:
         out.append(f"rl.demos: {cfg.rl.demos} acts on each batch's results before the next is sampled; rollouts ahead "
                    "of the learner (rl.max_staleness ≥ 1) have not seen them; use rl.max_staleness: 0")

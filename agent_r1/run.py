@@ -280,6 +280,24 @@ def _strings(value) -> list[str]:
     return [s for v in value for s in _strings(v)] if isinstance(value, list) else []
 
 
+def sft_tasks(cfg: RunConfig, df: pd.DataFrame) -> list[dict]:
+    """The tasks of ``df`` the SFT cold start demonstrates: those of ``sft.hops`` and
+    ``sft.qtypes``, plus ``sft.scarce``'s few of each of its question types."""
+    tasks = tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
+    for qtype, n in cfg.sft.scarce.items():
+        tasks += tasks_for(df, [], limit=n, seed=cfg.seed, qtypes=[qtype])
+    return tasks
+
+
+def demo_pool(cfg: RunConfig, train_df: pd.DataFrame) -> set[str] | None:
+    """The ids of the training tasks whose demonstrations RL's demonstration method may use
+    (``rl.demo_pool``): ``sft``, the ones the SFT cold start trained on (:func:`sft_tasks`; none
+    with ``sft.worlds``, whose demonstrations come from other worlds); ``all``: None, every task's."""
+    if cfg.rl.demo_pool == "all":
+        return None
+    return set() if cfg.sft.worlds else {str(t["id"]) for t in sft_tasks(cfg, train_df)}
+
+
 def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.DataFrame) -> list:
     """Tokenized oracle episodes for the cold start (the environment's ``oracle_turns``).
 
@@ -301,9 +319,7 @@ def oracle_demonstrations(cfg: RunConfig, agent: Agent, context, train_df: pd.Da
             sources.append((world.questions, dataclasses.replace(agent, tools=tools)))
     demos, n_tasks = [], 0
     for df, source in sources:
-        tasks = tasks_for(df, cfg.sft.hops, seed=cfg.seed, qtypes=cfg.sft.qtypes)
-        for qtype, n in cfg.sft.scarce.items():
-            tasks += tasks_for(df, [], limit=n, seed=cfg.seed, qtypes=[qtype])
+        tasks = sft_tasks(cfg, df)
         n_tasks += len(tasks)
         env = source.make_env()
         demos += [d for t in tasks if (d := demonstration(env, t, context)) is not None]

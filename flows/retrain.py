@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import State
 
 from agent_r1.pipeline import stages
+from agent_r1.pipeline.rl_driver import matched_method
 from agent_r1.pipeline.state import checkpoint_dir
 from agent_r1.tracking import Tracker
 from flows.training import (ArtifactProgress, PipelineParams, TaskRunner, artifact_key, eval_markdown, health_markdown, marked,
@@ -39,7 +40,7 @@ def retraining_flow(params: PipelineParams = PipelineParams()) -> dict[str, Any]
         cfg = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"init_from": champion_uri})})
     logger.info("champion: %s; RL starts from %s", champion_uri or "none",
                 cfg.rl.init_from or "this pipeline's SFT checkpoint")
-    method = cfg.rl.method
+    method = matched_method(cfg)  # the one the register stage registers
     checkpoints = {method: str(checkpoint_dir(cfg, method))} | ({"champion": champion_uri} if champion_uri else {})
     plan = stages.Plan(sft=cfg.rl.init_from is None, checkpoints=checkpoints, champion=champion_uri)
     out = stages.run_pipeline(cfg, plan, tracker, ArtifactProgress(cfg.name), TaskRunner())

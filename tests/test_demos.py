@@ -39,10 +39,10 @@ class TargetEnv(ToolEnv):
 TASKS = [{"id": "a", "prompt": "go"}, {"id": "b", "prompt": "write"}]
 
 
-def _trainer(tok, make_model, cfg: RLConfig) -> RLTrainer:
+def _trainer(tok, make_model, cfg: RLConfig, demo_pool: set[str] | None = None) -> RLTrainer:
     learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2), precision="fp32")
     return RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), TargetEnv, TASKS, ContextManager(tok), cfg,
-                     max_new_tokens=4, max_context_tokens=256, seed=0)
+                     max_new_tokens=4, max_context_tokens=256, seed=0, demo_pool=demo_pool)
 
 
 def _weights(trainer) -> torch.Tensor:
@@ -189,6 +189,49 @@ def test_failed_groups_go_to_the_sft_buffer_and_sft_steps_interleave_at_the_rati
     assert stats["time/demos_sft_s"] > 0 and stats["demos/sft_loss"] > 0
 
 
+# ---------------------------------------------------------------- the pool (rl.demo_pool)
+@pytest.mark.parametrize("name", ["prefix", "member", "relift"])
+def test_a_task_outside_the_pool_gets_no_demonstration_and_is_counted(tok, make_model, name):
+    cfg = RLConfig(group_size=2, tasks_per_iteration=2, demos=name)
+    demonstrated = {}
+    for pool in ({"a"}, None):  # only a's demonstration (as SFT's, when b's type is scarce); every task's
+        trajs, _, stats, _ = _iteration(_trainer(tok, make_model, cfg, demo_pool=pool))
+        assert {t.task_id for t in trajs if not t.demo} == {"a", "b"}
+        demonstrated[frozenset(pool or ())] = stats["demos/no_demo_share"], {t.task_id for t in trajs if t.demo}, stats
+    (share, tasks, stats), (share_all, tasks_all, stats_all) = demonstrated[frozenset({"a"})], demonstrated[frozenset()]
+    assert share == 0.5 and share_all == 0.0  # b: one of the iteration's two tasks
+    if name == "relift":  # both groups failed; only a's demonstration goes to the buffer
+        assert stats["demos/routed"] == 1 and stats_all["demos/routed"] == 2
+    else:  # prefixed episodes / the member: a's only
+        assert tasks == {"a"} and tasks_all == {"a", "b"}
+
+
+def test_the_sft_pool_is_the_tasks_sft_trained_on_in_a_scarce_setting(tmp_path):
+    from agent_r1.algorithms import make_demo_method
+    from agent_r1.run import demo_pool, oracle_demonstrations, tasks_for
+    from agent_r1.sft import demonstration
+    from tests.test_run import _demo_setup
+
+    small = ["data.n_films=16", "data.n_directors=6", "data.n_studios=3", "sft.worlds=0", "sft.scarce={director_spouse: 3}",
+             "rl.hops=[]", "rl.qtypes=[director_spouse]", "rl.demos=member"]
+    cfg, agent, tok, train = _demo_setup(tmp_path, small)
+    sft_ids = {d.task_id for d in oracle_demonstrations(cfg, agent, agent.context(), train)}
+    pool = demo_pool(cfg, train)
+    assert pool == sft_ids  # exactly SFT's (and the control's) demonstrations
+    rl_tasks = tasks_for(train, cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+    assert len([t for t in rl_tasks if t["id"] in pool]) == 3 < len(rl_tasks)  # the scarce type: 3 demonstrated
+    by_id = {t["id"]: t for t in rl_tasks}
+    groups = [Trajectory(t["id"], g, steps=[Step([1], [2], [0.0])], final_reward=0.0) for g, t in enumerate(rl_tasks)]
+    for p in (pool, demo_pool(cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"demo_pool": "all"})}), train)):
+        member = make_demo_method("member", lambda i: demonstration(agent.make_env(), by_id[i], agent.context()), {}, p)
+        members = member.episodes(groups, rollout=None)
+        share = member.after_iteration(groups + members)["demos/no_demo_share"]
+        if p is not None:  # sft: the three scarce tasks SFT saw get their member, the others none
+            assert {m.task_id for m in members} == pool & set(by_id) and share == 1 - 3 / len(rl_tasks)
+        else:  # all: every RL task's
+            assert len(members) == len(rl_tasks) and share == 0.0
+
+
 def test_bad_demo_settings_are_named():
     with pytest.raises(ConfigError, match="rl.demos: unknown demonstration method 'luffy'; known: member, prefix, relift"):
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=luffy"]))
@@ -205,6 +248,12 @@ def test_bad_demo_settings_are_named():
     assert cfg.rl.demos == "relift" and cfg.rl.method == "grpo+relift"
     with pytest.raises(ConfigError, match="'DemoMethod' is not registered"):
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=agent_r1.algorithms.demos:DemoMethod"]))
+    with pytest.raises(ConfigError, match="rl.demo_pool: Input should be 'sft' or 'all'"):
+        load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=member", "rl.demo_pool=every"]))
+    with pytest.raises(ConfigError, match="rl.demo_pool: sft with sft.worlds=2: .* none is of an RL task"):
+        load_config("tiny", "pipelines.yaml", parse_overrides(["methods=[grpo, grpo+member]", "sft.worlds=2"]))
+    assert load_config("tiny", "pipelines.yaml", parse_overrides(["rl.demos=member", "sft.worlds=2",
+                                                                  "rl.demo_pool=all"])).rl.demo_pool == "all"
 
 
 class TwoTurnEnv(TargetEnv):

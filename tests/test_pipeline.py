@@ -376,6 +376,24 @@ def test_the_control_matches_the_first_trained_method_when_rl_algorithm_is_not_o
     assert matched_method(tiny_cfg(tmp_path, "methods=[ppo, grpo]", "rl.algorithm=grpo")) == "grpo"  # rl.algorithm's when trained
 
 
+def test_register_takes_the_first_trained_method_when_rl_algorithm_is_not_one(tmp_path, tok, make_model):
+    from agent_r1.learner.learner import save_hf_checkpoint
+    from agent_r1.pipeline.state import checkpoint_dir
+    from agent_r1.tracking import Tracker
+
+    cfg = tiny_cfg(tmp_path, "methods=[grpo+member, grpo+relift]", "rl.algorithm=grpo", "rl.demo_pool=all")
+    for method, em in (("grpo+member", 0.25), ("grpo+relift", 0.5)):  # what train and evaluate leave
+        save_hf_checkpoint(make_model(seed=0), checkpoint_dir(cfg, method), tok)
+    (cfg.out / "metrics").mkdir(parents=True)
+    (cfg.out / "metrics" / "eval.json").write_text(json.dumps({"test": {"sft": {"em": 0.1}, "grpo+member": {"em": 0.25},
+                                                                         "grpo+relift": {"em": 0.5}}}))
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", experiment="test")
+    run = tracker.start_pipeline_run("p", {})
+    out = stages.register(cfg, tracker, run)  # not test/grpo/em: grpo was not trained
+    assert out["score"] == 0.25 and out["alias"] == "champion"
+    assert tracker.alias_version(cfg.registry.model_name, "champion")["tags"]["method"] == "grpo+member"
+
+
 @pytest.mark.slow
 def test_control_stops_at_its_time_budget(tmp_path):
     import time

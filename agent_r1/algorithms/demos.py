@@ -20,8 +20,10 @@ episodes for this rank's groups), :meth:`DemoMethod.after_update` (before the we
 engine), :meth:`DemoMethod.after_iteration` (every rank's episodes: the method's state moves here,
 so it is the same on every rank) and :meth:`DemoMethod.state` / :meth:`DemoMethod.load` (the
 resumable state). Demonstrations come from the environment's oracle
-(:func:`agent_r1.sft.demonstration`), built once per task; a method's time per iteration is
-logged as ``time/demos_*``.
+(:func:`agent_r1.sft.demonstration`), built once per task, for the tasks of the method's ``pool``
+(``rl.demo_pool``; None: every task): a task outside it has none, and the share of an iteration's
+tasks outside it is logged as ``demos/no_demo_share``. A method's time per iteration is logged as
+``time/demos_*``.
 """
 
 from __future__ import annotations
@@ -85,12 +87,15 @@ def demo_settings(name: str) -> dict[str, Any]:
             if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def make_demo_method(name: str, demonstration: Callable[[str], Trajectory | None], settings: dict) -> DemoMethod:
+def make_demo_method(name: str, demonstration: Callable[[str], Trajectory | None], settings: dict,
+                     pool: set[str] | None = None) -> DemoMethod:
     """The method ``name`` with ``settings``; ``demonstration(task_id)`` gives a task's
-    demonstration (None: it has none)."""
+    demonstration (None: it has none), asked only for the tasks in ``pool`` (None: every task)."""
     if name not in DEMO_METHODS:
         raise KeyError(f"unknown demonstration method {name!r}; known: {', '.join(sorted(DEMO_METHODS))}")
-    return DEMO_METHODS[name](demonstration, **settings)
+    method = DEMO_METHODS[name](demonstration, **settings)
+    method.pool = pool
+    return method
 
 
 def sampled(trajs: list[Trajectory]) -> list[Trajectory]:
@@ -124,6 +129,7 @@ class DemoMethod:
     """A way of using demonstrations inside the RL loop: every hook does nothing here."""
 
     name = ""
+    pool: set[str] | None = None  # the ids of the tasks that may have a demonstration; None: every task
 
     def __init__(self, demonstration: Callable[[str], Trajectory | None]):
         self._demonstration = demonstration
@@ -131,7 +137,10 @@ class DemoMethod:
         self.seconds: dict[str, float] = {}  # this iteration's time by part, logged as time/demos_<part>_s
 
     def demo(self, task_id: str) -> Trajectory | None:
-        """The task's demonstration (built once, then kept; its build time counts as ``build``)."""
+        """The task's demonstration (built once, then kept; its build time counts as ``build``);
+        None outside :attr:`pool`."""
+        if self.pool is not None and task_id not in self.pool:
+            return None
         if task_id not in self._demos:
             t0 = time.perf_counter()
             self._demos[task_id] = self._demonstration(task_id)
@@ -151,10 +160,13 @@ class DemoMethod:
 
     def after_iteration(self, trajs: list[Trajectory]) -> dict:
         """Every rank's episodes of the iteration: move the method's state; its metrics, with its
-        time (``time/demos_<part>_s``)."""
+        time (``time/demos_<part>_s``) and the share of its tasks outside :attr:`pool`
+        (``demos/no_demo_share``)."""
         stats = {f"time/demos_{k}_s": v for k, v in self.seconds.items()}
         self.seconds = {}
-        return stats
+        tasks = {t.task_id for t in sampled(trajs)}
+        outside = len(tasks - self.pool) if self.pool is not None else 0
+        return stats | {"demos/no_demo_share": outside / max(len(tasks), 1)}
 
     def state(self) -> dict:
         """What a resumed run needs."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from agent_r1.config import RunConfig
+from agent_r1.pipeline.rl_driver import matched_method
 from agent_r1.pipeline.state import checkpoint_dir, write_json
 
 
@@ -21,9 +22,10 @@ def promotion(new_score: float, champion_score: float | None) -> tuple[bool, str
 def register(cfg: RunConfig, tracker, run_id: str, champion_score: float | None = None, method: str | None = None) -> dict:
     """Log the trained agent to MLflow, register a version as ``challenger``; promote it to
     ``champion`` when its held-out score beats ``champion_score`` (the current champion's score
-    on the same tasks; ``None`` = use the score recorded on the champion version).
+    on the same tasks; ``None`` = use the score recorded on the champion version). The agent is
+    ``method``'s, by default :func:`~agent_r1.pipeline.rl_driver.matched_method`'s.
     """
-    method = method or cfg.rl.method
+    method = method or matched_method(cfg)
     r = cfg.registry
     results = json.loads((cfg.out / "metrics" / "eval.json").read_text())
     try:

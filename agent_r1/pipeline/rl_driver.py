@@ -54,7 +54,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerp
                                      mark_complete, record_settings, resumable, save_state, trained_with, write_json)
 from agent_r1.progress import Progress
 from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
-from agent_r1.run import Agent, curve_agent, curve_tasks, heldout_point, make_tools, tasks_for
+from agent_r1.run import Agent, curve_agent, curve_tasks, demo_pool, heldout_point, make_tools, tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
@@ -415,7 +415,8 @@ class RLTrainer:
     ``seed``) draws the updates' mini-batches. With ``files``, every
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
-    the agent and its metrics. ``health`` holds the thresholds of the run's alarms.
+    the agent and its metrics. ``health`` holds the thresholds of the run's alarms. ``demo_pool``:
+    the ids of the tasks whose demonstrations the demonstration method may use (None: every task's).
 
     ``heldout(progress, label)`` gives one point of the held-out curve (a dict of metrics: see
     :func:`~agent_r1.run.heldout_point`), taken at iteration 0, every ``every`` iterations and at
@@ -425,7 +426,7 @@ class RLTrainer:
     def __init__(self, learner: Learner, engine: RolloutEngine, make_env, tasks: list[dict], context: ContextManager,
                  cfg: RLConfig, *, max_new_tokens: int, max_context_tokens: int | None = None, seed: int = 0,
                  stage_log: StageLog = NULL_LOG, files: RLFiles | None = None, heldout=None, every: int = 0,
-                 health: HealthConfig = HealthConfig()):
+                 health: HealthConfig = HealthConfig(), demo_pool: set[str] | None = None):
         if cfg.algorithm != RFT and get_advantage(cfg.algorithm).needs_critic and learner.critic is None:
             raise ValueError(f"estimator {cfg.algorithm!r} needs a critic: give the Learner critic=ValueModel(...)")
         if not tasks:
@@ -441,11 +442,11 @@ class RLTrainer:
         self.heldout, self.every = heldout, every if heldout is not None else 0
         self.progress: Progress | None = None  # run()'s, for the held-out points' progress lines
         self.curriculum = Curriculum(len(tasks), cfg.curriculum) if cfg.curriculum.enabled else None
-        self.demos = None  # the demonstration method (rl.demos), with each task's oracle demonstration
+        self.demos = None  # the demonstration method (rl.demos), with the oracle demonstration of demo_pool's tasks
         if cfg.demos:
             by_id = {str(t.get("id", i)): t for i, t in enumerate(tasks)}
             self.demos = make_demo_method(cfg.demos, lambda task_id: demonstration(make_env(), by_id[task_id], context),
-                                          cfg.demo_settings)
+                                          cfg.demo_settings, demo_pool)
         if files is not None and resumable(files.state, files.fingerprint):
             client = self.learner.load_state(files.state)
             self.iteration, self.history, self.curve = client["step"], client["history"], client.get("curve", [])
@@ -473,7 +474,8 @@ class RLTrainer:
         reference when ``kl_coef > 0``, a critic when the estimator needs one, the training
         questions of ``rl.hops`` / ``rl.qtypes``; resumes from ``state/`` when it can."""
         data_dir = cfg.out / "data"
-        tasks = tasks_for(load_split(data_dir, "train"), cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
+        train_df = load_split(data_dir, "train")
+        tasks = tasks_for(train_df, cfg.rl.hops, seed=cfg.seed, qtypes=cfg.rl.qtypes)
         if not tasks:  # before any model loads
             raise ConfigError(f"rl.hops / rl.qtypes: no training questions with rl.hops={cfg.rl.hops} or "
                               f"rl.qtypes={cfg.rl.qtypes} in {cfg.data.path or 'the data'}")
@@ -500,7 +502,7 @@ class RLTrainer:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
                        max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
                        seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), heldout=heldout, every=cfg.curve_every,
-                       health=cfg.health)
+                       health=cfg.health, demo_pool=demo_pool(cfg, train_df))
         except BaseException:
             engine.close()
             raise
@@ -689,8 +691,9 @@ def train(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress | N
 
 
 def matched_method(cfg: RunConfig) -> str:
-    """The RL method the SFT-only control is matched with (its training time, its held-out curve):
-    ``rl.algorithm``'s when the pipeline trains it, else the first of ``methods``."""
+    """The RL method the SFT-only control is matched with (its training time, its held-out curve)
+    and the register stage registers: ``rl.algorithm``'s when the pipeline trains it, else the
+    first of ``methods``."""
     methods = rl_methods(cfg)
     return cfg.rl.method if cfg.rl.method in methods else methods[0]
 
