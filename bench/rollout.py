@@ -8,7 +8,7 @@
     python bench/rollout.py --engines hf vllm      # HFEngine vs a vLLM server on SmolLM2 (make vllm first)
 
 ``--engines hf vllm`` compares the rollout engines instead (:func:`compare_engines`): SmolLM2-135M
-(fp32) behind each engine as the pipeline builds it (``rl_driver.make_engine``), one engine after
+(fp32) behind each engine as the pipeline builds it (``agent_r1.rollout.build.make_engine``), one engine after
 the other, on (1) the default pipeline's RL rollout: its environment, tools, prompt and sampling,
 8 questions x group 8 = 64 episodes of up to 3 turns, and (2) a long-context workload: 16
 histories of 1,000-1,200 tokens, 3 turns each, every turn appending its ids and a ~100-token
@@ -258,7 +258,7 @@ def compare_engines(args) -> None:
 def _engine_rows(name, cfg, model, tok, path, long_ctx, workloads) -> dict:
     """One engine (as the pipeline builds it) through every workload: label -> (new tokens/s,
     prefill reuse, wall s, new tokens, engine start s)."""
-    from agent_r1.pipeline.rl_driver import make_engine
+    from agent_r1.rollout.build import make_engine
 
     ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
     t0 = time.perf_counter()
