@@ -146,7 +146,8 @@ def _with_one_restart(trainer: "RLTrainer", run) -> list[Trajectory]:
     return trajs
 
 
-def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> TrainBatch:
+def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int,
+                      exact: bool = True) -> TrainBatch:
     """The trajectories packed into a :class:`~agent_r1.trajectory.TrainBatch` with what the
     update needs: the critic's values, advantages and returns (from the estimator
     ``cfg.algorithm`` with its ``cfg.advantage_settings``), the policy's log-probs before the
@@ -160,7 +161,9 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
     (``Step.state_key``), the share of steps that start from a state another step of their group starts from
     (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare).
-    For ``rft``: :func:`rft_batch`."""
+    Episodes sampled ahead (``cfg.max_staleness``) or by an engine that is not ``exact`` (its log-probs not the
+    learner's: :attr:`~agent_r1.rollout.engine.RolloutEngine.exact`) carry their sampling log-probs as the
+    behaviour the update's off-policy correction weighs by. For ``rft``: :func:`rft_batch`."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
@@ -190,7 +193,7 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
         batch.loss_mask = batch.loss_mask * ~cut[batch.episode_ids][:, None]
         n_cut, n = all_reduce([float(cut.sum()), len(trajs)])
         info["dapo/overlong_episodes"] = n_cut / n
-    if cfg.max_staleness:  # sampled ahead, maybe by an older policy: the update corrects for it
+    if cfg.max_staleness or not exact:  # sampled ahead, or with other numbers: the update corrects for it
         batch.behaviour_logprobs = batch.sample_logprobs
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
@@ -500,7 +503,8 @@ class RLTrainer:
     def step(self, runner: Runner = DIRECT) -> dict:
         """One RL iteration; returns its metrics."""
         trajs = runner.phase(self, sample_episodes, self)
-        batch = runner.phase(self, build_train_batch, self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
+        batch = runner.phase(self, build_train_batch, self.learner, trajs, self.cfg, self.tokenizer.pad_token_id,
+                             self.engine.exact)
         return runner.phase(self, end_iteration, self, trajs, runner.phase(self, update_policy, self, batch))
 
     def finish(self) -> Path | None:
