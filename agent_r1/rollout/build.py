@@ -19,12 +19,17 @@ log = logging.getLogger(__name__)
 
 
 def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
-    """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner; ``vllm``
+    """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner (in the precision
+    :func:`~agent_r1.models.rollout_precision` gives ``model.precision``); ``vllm``
     serves ``model_path`` (a folder of the same weights) from a server started here (options:
     :func:`vllm_server_args`; on N ranks, by rank 0 for every rank), or uses the one at
     ``rollout.vllm.url``."""
     if cfg.rollout.engine == "hf":
-        return HFEngine(model, tokenizer, precision=cfg.model.precision)
+        engine = HFEngine(model, tokenizer, precision=cfg.model.precision)
+        log.info("rollout: the hf engine computes in %s (model.precision: %s)%s", engine.computes_in,
+                 cfg.model.precision, "" if engine.exact else "; the update weighs its episodes by "
+                 f"rl.learner.off_policy_correction ({cfg.rl.learner.off_policy_correction})")
+        return engine
     from agent_r1.rollout.vllm_engine import VLLMEngine, shared_engine
 
     vc = cfg.rollout.vllm
