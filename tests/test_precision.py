@@ -154,3 +154,17 @@ def test_a_run_forced_to_bf16_computes_and_records_bf16(tmp_path):
     history = json.loads((tmp_path / "metrics" / "train" / "grpo.json").read_text())
     assert len(history) == 1 and all(v == v for v in history[0].values() if isinstance(v, float))  # no NaN
     assert set(json.loads((tmp_path / "metrics" / "eval.json").read_text())["test"]) == {"sft", "grpo"}
+
+
+def test_episodes_of_an_engine_that_is_not_exact_are_weighed_by_the_off_policy_correction(tok, make_model):
+    """At rl.max_staleness 0 the update weighs nothing, unless the engine's log-probs are not the learner's
+    (``exact=False``: a bf16 rollout beside an fp32 update); then its sampling log-probs are the behaviour."""
+    from agent_r1.config import RLConfig
+    from agent_r1.pipeline.rl_driver import build_train_batch
+
+    learner = Learner(make_model(seed=7), LearnerConfig(), precision="fp32")
+    trajs, cfg = make_trajs(seed=3, n=6), RLConfig(group_size=2)
+    assert build_train_batch(learner, trajs, cfg, tok.pad_token_id).behaviour_logprobs is None
+    batch = build_train_batch(learner, trajs, cfg, tok.pad_token_id, exact=False)
+    torch.testing.assert_close(batch.behaviour_logprobs, batch.sample_logprobs)
+    assert "policy/is_weight_mean" in learner.update(batch)
