@@ -75,8 +75,6 @@ def test_every_bench_file_is_covered():
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_bench_script_runs_at_smoke_scale(name):
-    if name == "rollout.py --engines hf" and _vllm_python().exists():
-        pytest.skip("its HF rows are run by test_rollout_engines_hf_and_vllm_at_smoke_scale")
     args, line = SMOKE[name]
     assert line in bench(name.split()[0], args)
 
