@@ -146,8 +146,7 @@ def _with_one_restart(trainer: "RLTrainer", run) -> list[Trajectory]:
     return trajs
 
 
-def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int,
-                      exact: bool = True) -> TrainBatch:
+def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int, exact: bool = True) -> TrainBatch:
     """The trajectories packed into a :class:`~agent_r1.trajectory.TrainBatch` with what the
     update needs: the critic's values, advantages and returns (from the estimator
     ``cfg.algorithm`` with its ``cfg.advantage_settings``), the policy's log-probs before the
@@ -161,9 +160,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
     (``Step.state_key``), the share of steps that start from a state another step of their group starts from
     (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare).
-    Episodes sampled ahead (``cfg.max_staleness``) or by an engine that is not ``exact`` (its log-probs not the
-    learner's: :attr:`~agent_r1.rollout.engine.RolloutEngine.exact`) carry their sampling log-probs as the
-    behaviour the update's off-policy correction weighs by. For ``rft``: :func:`rft_batch`."""
+    Episodes sampled ahead (``cfg.max_staleness``) or by an engine that is not ``exact`` (:attr:`RolloutEngine.exact`)
+    carry their sampling log-probs as the behaviour the off-policy correction weighs by. For ``rft``: :func:`rft_batch`."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
