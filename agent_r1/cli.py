@@ -514,7 +514,8 @@ def vllm_model(
 
     from transformers import AutoConfig
 
-    from agent_r1.pipeline.rl_driver import start_path, vllm_server_args
+    from agent_r1.pipeline.rl_driver import start_path
+    from agent_r1.rollout.build import vllm_server_args
     from agent_r1.rollout.vllm_engine import served_model
 
     cfg = _config(pipeline, config_file, overrides)

@@ -11,10 +11,12 @@ Qwen2-style model is built from a config.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -130,17 +132,46 @@ def build_tiny_model(cfg: TinyModelConfig, tokenizer, seed: int = 0) -> torch.nn
 def resolve_precision(precision: str, device: torch.device | str) -> str:
     """What a ``model.precision`` setting computes in on ``device``: ``fp32`` or ``bf16``.
 
-    ``auto`` is bf16 on a CUDA GPU that supports it and fp32 on every CPU. A CPU's bf16 flag does
-    not predict speed: on a 2-core Xeon without native bf16, bf16 autocast ran 2-4x slower than
-    fp32 (docs/pretrained.md), and on one with AVX512-BF16 SmolLM2's fwd+bwd still ran 83 tok/s in
-    bf16 against 109-145 in fp32 and a 32-row decode step 167 ms against 141. Ask for ``bf16``
-    explicitly to use it on a CPU."""
+    ``auto`` is bf16 on a CUDA GPU that supports it and fp32 on every CPU (the rollout engine's
+    exception: :func:`rollout_precision`). On a 2-core Xeon without native bf16, bf16 autocast ran
+    2-4x slower than fp32 (docs/pretrained.md), and on one with AVX512-BF16 SmolLM2's fwd+bwd still
+    ran 83 tok/s in bf16 against 109-145 in fp32. Ask for ``bf16`` explicitly to use it for the
+    update on a CPU."""
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
     if precision != "auto":
         return precision
     device = torch.device(device)
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+# rollout_precision: the size from which a rollout computes in bf16 on a CPU with native bf16. Measured on an
+# AVX512-BF16 EPYC (docs/results.md), bf16 over fp32 CPU time: 1.05x at 1.0M parameters, 1.33x at 3.6M, 1.45x at
+# 26M, 1.7x at 135M (SmolLM2); below the threshold the gain is small and the rollout stays exact (fp32).
+ROLLOUT_BF16_MIN_PARAMS = 10_000_000
+
+
+@functools.cache
+def native_bf16_cpu() -> bool:
+    """Does this CPU compute bf16 natively (the ``avx512_bf16`` or ``amx_bf16`` flag of /proc/cpuinfo)? Where
+    there is no /proc/cpuinfo: no."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None
+
+
+def rollout_precision(precision: str, model: torch.nn.Module) -> str:
+    """What a rollout engine sampling from ``model`` computes in: :func:`resolve_precision`, except that
+    ``auto`` on a CPU is bf16 for a model of at least ``ROLLOUT_BF16_MIN_PARAMS`` parameters on a CPU with
+    native bf16 (:func:`native_bf16_cpu`). The update stays fp32 there (bf16 fwd+bwd measured slower), so
+    the rollout's log-probs differ from the learner's by bf16 rounding (``rollout/logprob_gap``)."""
+    device = next(model.parameters()).device
+    if precision == "auto" and device.type == "cpu":
+        big = sum(p.numel() for p in model.parameters()) >= ROLLOUT_BF16_MIN_PARAMS
+        return "bf16" if big and native_bf16_cpu() else "fp32"
+    return resolve_precision(precision, device)
 
 
 def autocast(precision: str, device: torch.device | str):

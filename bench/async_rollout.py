@@ -61,7 +61,8 @@ def shared_server(pipeline: str, out: Path, settings: list[str]):
     from transformers import AutoConfig
 
     from agent_r1.config import load_config, parse_overrides
-    from agent_r1.pipeline.rl_driver import start_path, vllm_server
+    from agent_r1.pipeline.rl_driver import start_path
+    from agent_r1.rollout.build import vllm_server
     from agent_r1.rollout.vllm_engine import served_model
 
     cfg = load_config(pipeline, ROOT / "pipelines.yaml", parse_overrides([f"output_dir={out}", *settings]))

@@ -59,6 +59,7 @@ from machine import (
     apply_omp_wait_policy,
     cpu_snapshot,
     elementwise_probe,
+    matmul_flops,
     others_cores,
     warn_if_spinning,
 )
@@ -118,18 +119,6 @@ def parse_args(argv=None):
     p.add_argument("--omp-wait-policy", choices=["passive", "active"],
                    help="set OMP_WAIT_POLICY before torch loads (default: the environment's; libgomp spins, then sleeps)")
     return p.parse_args(argv)
-
-
-def matmul_flops(n: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
-    """Median FLOP/s of an n x n @ n x n matmul of ``dtype`` (after one warm-up)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    rates = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        rates.append(2 * n**3 / (time.perf_counter() - t0))
-    return statistics.median(rates)
 
 
 def model_flops_per_token(model, seq: int) -> tuple[float, int]:

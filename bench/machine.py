@@ -53,6 +53,34 @@ def elementwise_probe(n: int = 1 << 20, reps: int = 20) -> float:
     return 1e6 * statistics.median(out)
 
 
+def matmul_flops(n: int, reps: int, dtype=None) -> float:
+    """Median FLOP/s of an n x n @ n x n matmul of ``dtype`` (default fp32; after one warm-up)."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype or torch.float32), torch.randn(n, n, dtype=dtype or torch.float32)
+    a @ b
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        rates.append(2 * n**3 / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def read_bandwidth(mb: int = 256, reps: int = 5) -> float:
+    """Median bytes/s of summing an ``mb`` MB fp32 tensor (a memory read the size of a model's weights)."""
+    import torch
+
+    x = torch.ones(mb * 2**20 // 4)
+    x.sum()
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        rates.append(x.numel() * 4 / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
 def warn_if_spinning(us: float) -> str:
     if us < 2000:
         return ""

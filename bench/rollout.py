@@ -6,15 +6,19 @@
     python bench/rollout.py --model smollm2 --precisions fp32 bf16 --n 16 --serial-n 4 --batch-sizes 16 --threads 1
 
     python bench/rollout.py --engines hf vllm      # HFEngine vs a vLLM server on SmolLM2 (make vllm first)
+    python bench/rollout.py --engines hf --precisions fp32 bf16 --pipeline code --workloads pipeline
 
-``--engines hf vllm`` compares the rollout engines instead (:func:`compare_engines`): SmolLM2-135M
-(fp32) behind each engine as the pipeline builds it (``rl_driver.make_engine``), one engine after
-the other, on (1) the default pipeline's RL rollout: its environment, tools, prompt and sampling,
-8 questions x group 8 = 64 episodes of up to 3 turns, and (2) a long-context workload: 16
-histories of 1,000-1,200 tokens, 3 turns each, every turn appending its ids and a ~100-token
-observation. It reports new tokens/s, prefill reuse and wall time per engine and workload; the
-last line is ``ratio_vllm_over_hf_tokens_per_s: X.XX`` for the pipeline workload. ``--smoke`` runs
-the same on the tiny pipeline's untrained model at the smallest sizes (a test that it runs).
+``--engines hf vllm`` compares the rollout engines instead (:func:`compare_engines`): the pipeline's
+model (SmolLM2-135M, weights fp32) behind each engine as the pipeline builds it
+(``agent_r1.rollout.build.make_engine``), in each of ``--precisions``, one after the other, on (1) the
+``--pipeline``'s RL rollout (``default`` or ``code``): its environment, tools, prompt and sampling,
+8 tasks x group 8 = 64 episodes of up to 3 turns, and (2) a long-context workload: 16 histories of
+1,000-1,200 tokens, 3 turns each, every turn appending its ids and a ~100-token observation. It reports
+episodes/s, new tokens/s, prefill reuse, wall and CPU time per engine and workload, the log-prob gap
+to the fp32 learner, and the machine's limit on the same work (:func:`bound`: every token's matmul
+FLOPs at the measured matmul rate, and the weight-streaming bound) with each engine's fraction of it;
+the last line is ``ratio_<engine>_over_hf_episodes_per_s`` for the pipeline workload. ``--smoke``
+runs the same on the tiny pipeline's untrained model at the smallest sizes (a test that it runs).
 
 Otherwise it builds the offline pipeline's model (``TinyModelConfig``, randomly initialised) with a BPE
 tokenizer trained on the synthetic QA world's text, and N contexts of 100-200 tokens (varied
@@ -63,12 +67,15 @@ import platform
 import random
 import statistics
 import time
+from dataclasses import dataclass
 
 from machine import (
     apply_omp_wait_policy,
     cpu_snapshot,
     elementwise_probe,
+    matmul_flops,
     others_cores,
+    read_bandwidth,
     warn_if_spinning,
 )
 
@@ -94,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
                    help="the tiny from-scratch model (sized by the model flags) or SmolLM2-135M-Instruct")
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32"],
-                   help="HFEngine compute precision(s); each adds its own engine rows")
+                   help="HFEngine compute precision(s) (with --engines: every engine's); each adds its own rows")
     p.add_argument("--n", type=int, default=64, help="number of contexts / episodes for mode A")
     p.add_argument("--serial-n", type=int, default=16,
                    help="contexts run one at a time for mode B per repeat (a subset of the N; its rate is per episode)")
@@ -120,7 +127,15 @@ def parse_args(argv=None):
     p.add_argument("--omp-wait-policy", choices=["passive", "active"],
                    help="set OMP_WAIT_POLICY before torch loads (default: the environment's; libgomp spins, then sleeps)")
     p.add_argument("--engines", nargs="+", choices=["hf", "vllm"],
-                   help="compare these rollout engines on SmolLM2 (the pipeline and long-context workloads) instead")
+                   help="compare these rollout engines (each in every --precisions) on the pipeline's model instead")
+    p.add_argument("--pipeline", choices=["default", "code"], default="default",
+                   help="with --engines: the pipeline whose RL rollout is the pipeline workload")
+    p.add_argument("--tasks", type=int, help="with --engines: tasks of the pipeline workload (default: the pipeline's "
+                                             "rl.tasks_per_iteration; each a group of rl.group_size episodes)")
+    p.add_argument("--workloads", nargs="+", choices=["pipeline", "long-context"], default=["pipeline", "long-context"],
+                   help="with --engines: the workloads to run")
+    p.add_argument("--mm", type=int, default=2048, help="with --engines: the size of the matmul that measures the "
+                                                        "machine's rate")
     p.add_argument("--long-n", type=int, default=16, help="with --engines: histories of the long-context workload")
     p.add_argument("--smoke", action="store_true",
                    help="with --engines: the tiny pipeline's untrained model, 2 questions x group 2, histories of 200-300 "
@@ -176,31 +191,82 @@ def serial_generate(model, contexts, params: SamplingParams, eos_id: int, pad_id
 
 
 def _engines_setup(args, out):
-    """(config, model folder, model, tokenizer) of the engine comparison: the default pipeline's
-    SmolLM2 (fp32), or with ``--smoke`` the tiny pipeline's untrained model at the smallest sizes."""
+    """(config, model folder, model, tokenizer) of the engine comparison: the ``--pipeline``'s model
+    (SmolLM2, weights fp32), or with ``--smoke`` its tiny pipeline's untrained model at the smallest sizes."""
     from agent_r1.config import load_config
     from agent_r1.learner import save_hf_checkpoint
     from agent_r1.models import load_model, resolve_model
     from agent_r1.run import initial_model, make_tools, prepare_data
 
-    overrides = {"output_dir": str(out), "env": {"max_turns": 3}, "model": {"precision": "fp32"}}
+    overrides = {"output_dir": str(out), "env": {"max_turns": 3}}
     if args.smoke:  # a test of the script: the tiny model (head size 32, as vLLM's CPU attention needs), 2 x 2 episodes
         overrides |= {"rl": {"tasks_per_iteration": 2, "group_size": 2}}
-        cfg = load_config("tiny", overrides=overrides)
+        cfg = load_config("tiny" if args.pipeline == "default" else f"{args.pipeline}-tiny", overrides=overrides)
         prepare_data(cfg)
         model, tok = initial_model(cfg, out / "data", make_tools(cfg, out / "data"))
         path = save_hf_checkpoint(model, out / "model", tok)
     else:  # the long-context workload's histories (up to ~1,600 tokens) need more than the pipeline's budget
         overrides["rollout"] = {"vllm": {"max_model_len": 2048}}
-        cfg = load_config("default", overrides=overrides)
+        if args.tasks:
+            overrides["rl"] = {"tasks_per_iteration": args.tasks}
+        cfg = load_config(args.pipeline, overrides=overrides)
         prepare_data(cfg)
         path = resolve_model(cfg.model.name_or_path)
         model, tok = load_model(path)
     return cfg, path, model.eval(), tok
 
 
+@dataclass
+class Work:
+    """What one workload asked of an engine: episodes, generated tokens, the tokens a model must run at least
+    once (every context token not already computed for the same episode or group, and every generated one), and
+    the sequences in flight at once (the decode batch)."""
+
+    episodes: int
+    generated: int
+    processed: int
+    batch: int
+
+
+def _computed_tokens(trajs) -> int:
+    """The context tokens of ``trajs`` a model must run once: a group's shared prompt once, then per turn
+    the tokens after what the episode's previous turn already computed (its context and action)."""
+    firsts, n = set(), 0
+    for t in trajs:
+        prev = None
+        for s in t.steps:
+            if prev is None:
+                if tuple(s.context_ids) not in firsts:
+                    firsts.add(tuple(s.context_ids))
+                    n += len(s.context_ids)
+            else:
+                common = next((k for k, (a, b) in enumerate(zip(prev, s.context_ids)) if a != b),
+                              min(len(prev), len(s.context_ids)))
+                n += len(s.context_ids) - common
+            prev = s.context_ids + s.action_ids
+    return n
+
+
+def matmul_params(model) -> tuple[int, int]:
+    """(the weights of the transformer's linear layers, the LM head's): a token's forward pass is
+    2 x the first in matmul FLOPs, plus 2 x the second where its next-token logits are needed."""
+    head = model.get_output_embeddings().weight.numel()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return linear - head, head
+
+
+def bound(model, precision: str, work: Work, flops_per_s: float, bytes_per_s: float) -> tuple[float, float]:
+    """The machine's bound in generated tokens/s on ``work`` (weights in ``precision``): (every token's
+    matmul FLOPs at the measured matmul rate, the weight-streaming bound: one read of the weights per decode
+    step of ``work.batch`` sequences at the measured read bandwidth). Attention's own FLOPs are left out."""
+    body, head = matmul_params(model)
+    flops = 2 * body * work.processed + 2 * head * work.generated
+    weight_bytes = (body + head) * (4 if precision == "fp32" else 2)
+    return work.generated * flops_per_s / flops, work.batch * bytes_per_s / weight_bytes
+
+
 def compare_engines(args) -> None:
-    """The rollout engines side by side on SmolLM2 (see the module docstring)."""
+    """The rollout engines side by side on the pipeline's model (see the module docstring)."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -223,58 +289,106 @@ def compare_engines(args) -> None:
         long_ctx = make_contexts(tok, texts, args.long_n, lo, hi, args.seed)
         observations = make_contexts(tok, texts, 3 * args.long_n, 90, 110, args.seed + 1)
         params = SamplingParams(cfg.rl.temperature, cfg.rl.top_p, cfg.env.max_new_tokens)
-        print(f"model: {path} (fp32); pipeline workload: {len(pick)} questions x group {cfg.rl.group_size}, "
-              f"<= {cfg.env.max_turns} turns, max_new_tokens {cfg.env.max_new_tokens}; long-context workload: "
-              f"{args.long_n} histories of {lo}-{hi} tokens x 3 turns; torch threads {torch.get_num_threads()}",
-              flush=True)
+        print(f"machine: {platform.machine()} {platform.processor() or ''}, os.cpu_count()={os.cpu_count()}, torch "
+              f"{torch.__version__}, threads {torch.get_num_threads()}\nmodel: {path} (weights fp32); pipeline "
+              f"{cfg.name}: {len(pick)} tasks x group {cfg.rl.group_size} = {len(reps)} episodes, <= {cfg.env.max_turns} "
+              f"turns, max_new_tokens {cfg.env.max_new_tokens}, temperature {cfg.rl.temperature}; long-context "
+              f"workload: {args.long_n} histories of {lo}-{hi} tokens x 3 turns", flush=True)
 
         def pipeline(engine):
             torch.manual_seed(args.seed)
             trajs = run_episodes(engine, agent.make_env, reps, agent.context(), params, groups, cfg.env.max_context_tokens)
-            return sum(len(s.action_ids) for t in trajs for s in t.steps)
+            gen = sum(len(s.action_ids) for t in trajs for s in t.steps)
+            return Work(len(trajs), gen, gen + _computed_tokens(trajs), len(trajs)), trajs
 
         def long_context(engine):
             torch.manual_seed(args.seed)
             engine.reset()
             ctxs, new = [list(c) for c in long_ctx], 0
+            processed = sum(map(len, ctxs))
             for turn in range(3):
                 gens = engine.generate(ctxs, params)
                 new += sum(len(g.ids) for g in gens)
-                ctxs = [c + g.ids + observations[turn * len(ctxs) + i] for i, (c, g) in enumerate(zip(ctxs, gens))]
-            return new
+                obs = observations[turn * len(ctxs):(turn + 1) * len(ctxs)]
+                processed += sum(len(g.ids) for g in gens) + (sum(map(len, obs)) if turn < 2 else 0)
+                ctxs = [c + g.ids + o for c, g, o in zip(ctxs, gens, obs)]
+            return Work(len(ctxs), new, processed, len(ctxs)), None
 
-        rows = {name: _engine_rows(name, cfg, model, tok, path, long_ctx, (("pipeline", pipeline),
-                                                                            ("long-context", long_context)))
-                for name in args.engines}
+        workloads = [(w, {"pipeline": pipeline, "long-context": long_context}[w]) for w in args.workloads]
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        mm = {p: [matmul_flops(args.mm, 3, dtypes[p])] for p in args.precisions}
+        bw = [read_bandwidth()]
+        rows = {}
+        for name in args.engines:
+            for prec in args.precisions:
+                label = name if prec == "fp32" else f"{name}_{prec}"
+                rows[label] = (prec, _engine_rows(label, name, prec, cfg, model, tok, path, long_ctx, workloads))
+        for p in args.precisions:
+            mm[p].append(matmul_flops(args.mm, 3, dtypes[p]))
+        bw.append(read_bandwidth())
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    if {"hf", "vllm"} <= set(args.engines):
-        for label in ("long-context", "pipeline"):  # the pipeline's ratio last
-            ratio = rows["vllm"][label][0] / rows["hf"][label][0]
-            key = "ratio_vllm_over_hf_tokens_per_s" + ("" if label == "pipeline" else "_long_context")
-            print(f"{key}: {ratio:.2f}")
+    rate = {p: max(v) for p, v in mm.items()}  # the machine's: another process only ever slows a measurement
+    bytes_per_s = max(bw)
+    print(f"the machine's rates (before / after the engines' rows): weights read {bw[0] / 1e9:.1f} / {bw[1] / 1e9:.1f} "
+          f"GB/s; " + "; ".join(f"{p} {args.mm}^3 matmul {v[0] / 1e9:.0f} / {v[1] / 1e9:.0f} GFLOP/s" for p, v in mm.items()))
+    for label, (prec, by_work) in rows.items():
+        for wl, (work, wall, cpu, gap) in by_work.items():
+            flops_bound, stream_bound = bound(model, prec, work, rate[prec], bytes_per_s)
+            limit = min(flops_bound, stream_bound)
+            tps = work.generated / wall
+            # per CPU second of this process: what the rows ran at while they held a core (1 thread, a shared machine)
+            per_cpu = f", per CPU s {work.generated / cpu / limit:.2f}" if torch.get_num_threads() == 1 else ""
+            print(f"{label:9s} {wl:13s} episodes/s {work.episodes / wall:6.2f}  new tokens/s {tps:7.1f}  limit "
+                  f"{limit:7.1f} tokens/s (matmul {flops_bound:.0f}, weight streaming {stream_bound:.0f}: {work.batch} "
+                  f"in flight)  fraction of limit {tps / limit:.2f}{per_cpu}  (wall {wall:.1f} s, cpu {cpu:.1f} s, "
+                  f"{work.generated} new of {work.processed} computed tokens"
+                  + (f"; log-prob gap to the fp32 learner {gap:.4f}" if gap is not None else "") + ")")
+    base = rows.get("hf", (None, {}))[1]
+    for label, (_, by_work) in rows.items():
+        if label == "hf" or not base:
+            continue
+        for wl in reversed(args.workloads):  # the pipeline's ratio last
+            (work, wall, cpu, _), (bwork, bwall, bcpu, _) = by_work[wl], base[wl]
+            key = f"ratio_{label}_over_hf_episodes_per_s" + ("" if wl == "pipeline" else "_long_context")
+            if torch.get_num_threads() == 1:
+                print(f"{key.replace('per_s', 'per_cpu_s')}: {(work.episodes / cpu) / (bwork.episodes / bcpu):.2f}")
+            print(f"{key}: {(work.episodes / wall) / (bwork.episodes / bwall):.2f}")
 
 
-def _engine_rows(name, cfg, model, tok, path, long_ctx, workloads) -> dict:
-    """One engine (as the pipeline builds it) through every workload: label -> (new tokens/s,
-    prefill reuse, wall s, new tokens, engine start s)."""
-    from agent_r1.pipeline.rl_driver import make_engine
+def _engine_rows(label, name, precision, cfg, model, tok, path, long_ctx, workloads) -> dict:
+    """One engine (as the pipeline builds it, with ``model.precision`` = ``precision``) through every workload:
+    workload -> (Work, wall s, this process's CPU s, mean |sampling - fp32 learner| log-prob of the pipeline's
+    sampled tokens)."""
+    from agent_r1.learner import token_logprobs
+    from agent_r1.rollout.build import make_engine
 
-    ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name})})
+    ecfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": name}),
+                                  "model": cfg.model.model_copy(update={"precision": precision})})
     t0 = time.perf_counter()
     engine = make_engine(ecfg, model, tok, path)
     startup = time.perf_counter() - t0
     rows = {}
     try:
         engine.generate(long_ctx[:2], SamplingParams(1.0, 1.0, 4))  # warm-up
-        for label, fn in workloads:
-            t0 = time.perf_counter()
-            n = fn(engine)
-            wall = time.perf_counter() - t0
-            rows[label] = (n / wall, engine.stats().get("prefill_reused_share", 0.0), wall, n, startup)
-            print(f"{name:5s} {label:13s} new tokens/s {n / wall:8.1f}  prefill reuse "
-                  f"{rows[label][1]:.2f}  wall {wall:7.1f} s  new tokens {n}  (engine start {startup:.1f} s)",
-                  flush=True)
+        for wl, fn in workloads:
+            t0, c0 = time.perf_counter(), time.process_time()
+            work, trajs = fn(engine)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            gap = None
+            if trajs:  # the learner's fp32 log-probs of what the engine sampled (its first 16 episodes)
+                diffs = []
+                with torch.no_grad():
+                    for s in [s for t in trajs[:16] for s in t.steps]:
+                        ids = torch.tensor([s.context_ids + s.action_ids])
+                        lp = token_logprobs(model, ids, torch.ones_like(ids), cfg.rl.temperature if cfg.rl.temperature > 0
+                                            else 1.0)[0, len(s.context_ids):]
+                        diffs += (torch.tensor(s.action_logprobs) - lp).abs().tolist()
+                gap = sum(diffs) / max(len(diffs), 1)
+            rows[wl] = (work, wall, cpu, gap)
+            print(f"{label:9s} {wl:13s} episodes/s {work.episodes / wall:6.2f}  new tokens/s {work.generated / wall:8.1f}"
+                  f"  prefill reuse {engine.stats().get('prefill_reused_share', 0.0):.2f}  wall {wall:7.1f} s  cpu "
+                  f"{cpu:7.1f} s  new tokens {work.generated}  (engine start {startup:.1f} s)", flush=True)
     finally:
         engine.close()
     return rows

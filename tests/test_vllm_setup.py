@@ -57,7 +57,7 @@ def test_the_readme_vllm_command_starts_its_server_with_the_defaults(tmp_path, m
     """model.precision auto and rollout.vllm.max_model_len null: the server gets the dtype the run
     computes in (fp32 on a CPU) and the episode budget capped by the model's positions (the tiny
     model has 1024; the old default 2048 was more, and the server refused to start)."""
-    from agent_r1.pipeline.rl_driver import make_engine
+    from agent_r1.rollout.build import make_engine
     from agent_r1.pipeline.state import computed_precision
 
     cfg = _tiny_vllm().model_copy(update={"output_dir": str(tmp_path / "out")})
@@ -75,7 +75,7 @@ def test_the_readme_vllm_command_starts_its_server_with_the_defaults(tmp_path, m
     assert _option(args, "--max-model-len") == "1024"  # env.max_context_tokens, within the positions
     shutil.rmtree(server.args[0].parent)
 
-    from agent_r1.pipeline.rl_driver import vllm_server_args
+    from agent_r1.rollout.build import vllm_server_args
 
     model.config.max_position_embeddings = 512  # fewer positions than the episode budget: capped
     assert _option(vllm_server_args(cfg, model.config), "--max-model-len") == "512"
@@ -94,7 +94,7 @@ def test_an_explicit_max_model_len_is_still_checked():
 
 
 def test_the_served_copy_is_removed_when_the_server_cannot_be_made(tmp_path, tok, make_model):
-    from agent_r1.pipeline.rl_driver import make_engine
+    from agent_r1.rollout.build import make_engine
 
     cfg = _tiny_vllm(vllm={"python": str(tmp_path / "none" / "bin" / "python"), "max_model_len": 1024})
     cfg = cfg.model_copy(update={"output_dir": str(tmp_path / "out"), "model": cfg.model.model_copy(update={"precision": "fp32"})})

@@ -159,7 +159,8 @@ def test_an_rl_run_on_a_url_server_syncs_through_weights_dir(url_server, tok, tm
     each the log-probs the server samples with are the learner's (fp32), no longer the start policy's."""
     from agent_r1.context import ContextManager
     from agent_r1.learner import Learner, LearnerConfig
-    from agent_r1.pipeline.rl_driver import RLTrainer, make_engine
+    from agent_r1.pipeline.rl_driver import RLTrainer
+    from agent_r1.rollout.build import make_engine
     from tests.test_rl import TASKS, LetterEnv
     from tests.test_vllm import TOL, _policy
 
@@ -217,7 +218,7 @@ def test_a_folder_the_server_cannot_see_names_weights_dir(url_server, tok, tmp_p
 def test_a_server_started_from_tied_embeddings_is_refused(tied_server, tok, tmp_path):
     """Its reloads would keep the old LM head (the rollouts silently off-policy): refused at
     connect, naming the fix, before any weights are written."""
-    from agent_r1.pipeline.rl_driver import make_engine
+    from agent_r1.rollout.build import make_engine
 
     with pytest.raises(ConfigError, match=r"tie_word_embeddings: true.*agent-r1 vllm-model"):
         make_engine(_url_config(tied_server.url, tmp_path / "w"), None, tok, None)

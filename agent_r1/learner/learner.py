@@ -88,7 +88,8 @@ class LearnerConfig(BaseModel):
     value_clip: float = Field(0.2, ge=0)
     """Clip range of the critic's value update."""
     off_policy_correction: Literal["tis", "decoupled", "none"] = "tis"
-    """How an update corrects for episodes sampled by an older policy (rl.max_staleness ≥ 1; not applied at 0). The
+    """How an update corrects for episodes sampled by an older policy (rl.max_staleness ≥ 1) or by a rollout engine
+    whose numbers are not the learner's (a bf16 rollout beside an fp32 update); not applied otherwise. The
     token weight is w = π_prox / π_behav (π_prox: the policy before this update, which the PPO ratio is taken against;
     π_behav: the log-probs the rollout sampled with): `tis`, truncated importance sampling, min(w, is_cap) (Yao et al.
     2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl's rollout IS, SkyRL); `decoupled`,

@@ -50,10 +50,11 @@ from agent_r1.pipeline.curriculum import Curriculum
 from agent_r1.pipeline.ranks import rollout_shards
 from agent_r1.pipeline.record import NULL_LOG, StageLog
 from agent_r1.pipeline.runner import DIRECT, Runner
-from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, fingerprint, history_path, is_complete,
+from agent_r1.pipeline.state import (checkpoint_dir, fingerprint, history_path, is_complete,
                                      mark_complete, record_settings, resumable, save_state, trained_with, write_json)
 from agent_r1.progress import Progress
-from agent_r1.rollout import EngineDied, HFEngine, RolloutEngine, SamplingParams, run_episodes
+from agent_r1.rollout import EngineDied, RolloutEngine, SamplingParams, run_episodes
+from agent_r1.rollout.build import make_engine
 from agent_r1.run import Agent, curve_agent, curve_tasks, demo_pool, heldout_point, make_tools, tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
@@ -165,7 +166,7 @@ def _with_one_restart(trainer: "RLTrainer", run) -> list[Trajectory]:
     return trajs
 
 
-def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int) -> TrainBatch:
+def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, pad_id: int, exact: bool = True) -> TrainBatch:
     """The trajectories packed into a :class:`~agent_r1.trajectory.TrainBatch` with what the
     update needs: the critic's values, advantages and returns (from the estimator
     ``cfg.algorithm`` with its ``cfg.advantage_settings``), the policy's log-probs before the
@@ -179,7 +180,8 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
     Their counts (every rank's) go to ``batch.info``, and so does, when the environment gives state keys
     (``Step.state_key``), the share of steps that start from a state another step of their group starts from
     (``rollout/shared_state_steps``: the steps gigpo's step advantage can compare).
-    For ``rft``: :func:`rft_batch`."""
+    Episodes sampled ahead (``cfg.max_staleness``) or by an engine that is not ``exact`` (:attr:`RolloutEngine.exact`)
+    carry their sampling log-probs as the behaviour the off-policy correction weighs by. For ``rft``: :func:`rft_batch`."""
     trajs = [t for t in trajs if t.stop_reason != "env_error"]
     if not trajs:
         raise RuntimeError("every episode of the batch ended with an environment error (see the log)")
@@ -201,7 +203,7 @@ def build_train_batch(learner: Learner, trajs: list[Trajectory], cfg: RLConfig, 
         batch.loss_mask = batch.loss_mask * ~cut[batch.episode_ids][:, None]
         n_cut, n = all_reduce([float(cut.sum()), len(trajs)])
         info["dapo/overlong_episodes"] = n_cut / n
-    if cfg.max_staleness:  # sampled ahead, maybe by an older policy: the update corrects for it
+    if cfg.max_staleness or not exact:  # sampled ahead, or with other numbers: the update corrects for it
         batch.behaviour_logprobs = batch.sample_logprobs
     values = learner.values(batch) if learner.critic is not None else None
     inputs = AdvantageInputs(token_rewards=batch.token_rewards, mask=batch.adv_mask, group_ids=batch.group_ids,
@@ -554,7 +556,8 @@ class RLTrainer:
     def step(self, runner: Runner = DIRECT) -> dict:
         """One RL iteration; returns its metrics."""
         trajs = runner.phase(self, sample_episodes, self)
-        batch = runner.phase(self, build_train_batch, self.learner, trajs, self.cfg, self.tokenizer.pad_token_id)
+        batch = runner.phase(self, build_train_batch, self.learner, trajs, self.cfg, self.tokenizer.pad_token_id,
+                             self.engine.exact)
         return runner.phase(self, end_iteration, self, trajs, runner.phase(self, update_policy, self, batch))
 
     def finish(self) -> Path | None:
@@ -586,71 +589,6 @@ class RLTrainer:
                 shown = ", ".join(f"{k.replace('_', ' ')} {s[k]:.3f}" for k in ("em", "won", "tool_calls", "turns") if k in s)
                 report(f"iteration {self.iteration}/{total}, reward {s['reward_mean']:.3f}, {shown}", self.iteration / max(total, 1))
         return runner.stage("rl-finish", RLTrainer.finish, self)
-
-
-def make_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path) -> RolloutEngine:
-    """The rollout engine ``rollout.engine`` names: ``hf`` shares ``model`` with the learner; ``vllm``
-    serves ``model_path`` (a folder of the same weights) from a server started here (options:
-    :func:`vllm_server_args`; on N ranks, by rank 0 for every rank), or uses the one at
-    ``rollout.vllm.url``."""
-    if cfg.rollout.engine == "hf":
-        return HFEngine(model, tokenizer, precision=cfg.model.precision)
-    from agent_r1.rollout.vllm_engine import VLLMEngine, shared_engine
-
-    vc = cfg.rollout.vllm
-    kw = {"max_concurrency": vc.max_concurrency, "request_timeout_s": vc.request_timeout_s,
-          "weights_dir": vc.weights_dir}
-    if vc.url:  # refused when started from tied embeddings (agent-r1 vllm-model writes an untied folder)
-        return VLLMEngine(tokenizer.eos_token_id, url=vc.url, **kw)
-    # one server for every rank: rank 0 starts it (from an untied copy), the others connect to its url
-    return shared_engine(lambda: _started_engine(cfg, model, tokenizer, model_path, kw),
-                         lambda url: VLLMEngine(tokenizer.eos_token_id, url=url, ours=True, **kw))
-
-
-def _started_engine(cfg: RunConfig, model: torch.nn.Module, tokenizer, model_path: str | Path, kw: dict) -> RolloutEngine:
-    """A vLLM engine with a server of its own, started here from a served copy of ``model_path``."""
-    from agent_r1.rollout.vllm_engine import VLLMEngine, served_copy, weights_of_this_process
-
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    weights = served_copy(model_path, cfg.rollout.vllm.weights_dir)
-    try:
-        server = vllm_server(cfg, weights, model.config, remove_when_orphaned=[weights_of_this_process(weights)])
-    except BaseException:  # the engine owns the copy only once it exists
-        shutil.rmtree(weights.parent, ignore_errors=True)
-        raise
-    t0 = time.perf_counter()
-    engine = VLLMEngine(tokenizer.eos_token_id, server=server, weights=weights, **kw)
-    log.info("rollout: vLLM server %s healthy after %.1f s (log: %s)", server.url, time.perf_counter() - t0,
-             server.log_path)
-    return engine
-
-
-def vllm_server(cfg: RunConfig, weights: Path, model_config, remove_when_orphaned: list[str] = ()):
-    """The vLLM server (not started yet) a run with ``cfg`` serves ``weights`` (an untied HF
-    folder) from: ``rollout.vllm``'s Python, KV cache and start timeout, :func:`vllm_server_args`
-    from ``model_config``, its log in ``<output_dir>/vllm-server.log``."""
-    from agent_r1.rollout.vllm_server import ROOT, VLLMServer
-
-    vc = cfg.rollout.vllm
-    python = Path(vc.python) if Path(vc.python).is_absolute() else ROOT / vc.python
-    return VLLMServer(weights, python=python, args=vllm_server_args(cfg, model_config),
-                      env={"VLLM_CPU_KVCACHE_SPACE": f"{vc.kv_cache_gb:g}"}, startup_timeout_s=vc.startup_timeout_s,
-                      log_path=cfg.out / "vllm-server.log", remove_when_orphaned=list(remove_when_orphaned))
-
-
-def vllm_server_args(cfg: RunConfig, model_config) -> list[str]:
-    """The options of the vLLM server this run starts: its dtype is what the run computes in
-    (:func:`~agent_r1.pipeline.state.computed_precision`: ``model.precision: auto`` is fp32 on a
-    CPU, bf16 on a GPU that supports it), its context length ``rollout.vllm.max_model_len`` or,
-    when null, ``env.max_context_tokens`` (no episode's context grows past it) capped by the
-    ``max_position_embeddings`` of ``model_config`` (the model's HF config)."""
-    from agent_r1.rollout.vllm_engine import server_args
-
-    vc = cfg.rollout.vllm
-    dtype = {"fp32": "float32", "bf16": "bfloat16"}[computed_precision(cfg)]
-    positions = getattr(model_config, "max_position_embeddings", None) or cfg.env.max_context_tokens
-    max_model_len = vc.max_model_len or min(cfg.env.max_context_tokens, positions)
-    return server_args(dtype, max_model_len, (["--enforce-eager"] if vc.enforce_eager else []) + list(vc.extra_args))
 
 
 def start_path(cfg: RunConfig, tracker=None) -> str:

@@ -10,7 +10,8 @@ transcripts are kept in ``<cache>/scores/<key>.json`` (``<cache>``: :func:`agent
 - the data: every parquet file of the prepared data (the corpus the search tool reads too), the
   ``data`` section (what else the prepare stage wrote, e.g. game files) and the tasks scored;
 - the settings that shape an episode: the ``env`` section, ``eval.temperature``, the precision the
-  forward passes compute in, the torch and transformers versions, and the run's seed where the
+  forward passes compute in (and whether the CPU has native bf16, which decides the rollout's:
+  :func:`~agent_r1.models.rollout_precision`), the torch and transformers versions, and the run's seed where the
   episodes are sampled (``eval.temperature`` > 0, the ``random`` baseline, pass@k);
 - with pass@k (``eval.pass_k``), its settings: the k, ``eval.pass_samples`` and ``rl.temperature``.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from agent_r1.config import RunConfig
 from agent_r1.learner.distributed import broadcast_object, is_main
-from agent_r1.models import cache_root, resolve_model
+from agent_r1.models import cache_root, native_bf16_cpu, resolve_model
 from agent_r1.pipeline.state import computed_precision, data_version
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def baseline_key(cfg: RunConfig, method: str, src: str, tasks: list[dict], pass_
     parts = {"method": method, "model": model_hash(src),
              "data": data_version(cfg.out / "data"), "data_config": cfg.data.model_dump(mode="json"),
              "tasks": _sha(tasks), "env": cfg.env.model_dump(mode="json"), "temperature": cfg.eval.temperature,
-             "precision": computed_precision(cfg), "seed": cfg.seed if sampled else None,
+             "precision": [computed_precision(cfg), native_bf16_cpu()], "seed": cfg.seed if sampled else None,
              "versions": [torch.__version__, transformers.__version__],
              "pass_k": [cfg.eval.pass_k, cfg.eval.pass_samples, cfg.rl.temperature] if pass_k else None}
     return _sha(parts)

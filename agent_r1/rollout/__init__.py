@@ -5,10 +5,11 @@ import torch and transformers with the HF engine."""
 from importlib import import_module
 
 _MODULES = {"EngineDied": "engine", "Generation": "engine", "HFEngine": "engine", "RolloutEngine": "engine",
-            "Prefix": "loop", "SamplingParams": "engine", "ScriptedEngine": "scripted", "play_policy": "loop",
-            "run_episodes": "loop"}
+            "Prefix": "loop", "SamplingParams": "engine", "ScriptedEngine": "scripted", "make_engine": "build",
+            "play_policy": "loop", "run_episodes": "loop"}
 
-__all__ = ["EngineDied", "Generation", "HFEngine", "Prefix", "RolloutEngine", "SamplingParams", "ScriptedEngine", "play_policy", "run_episodes"]
+__all__ = ["EngineDied", "Generation", "HFEngine", "Prefix", "RolloutEngine", "SamplingParams", "ScriptedEngine",
+           "make_engine", "play_policy", "run_episodes"]
 
 
 def __getattr__(name: str):

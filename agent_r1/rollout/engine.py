@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agent_r1.models import autocast, cache_kwarg
+from agent_r1.models import autocast, cache_kwarg, resolve_precision, rollout_precision
 from agent_r1.rollout.decode import DecodeLoop
 from agent_r1.rollout.kv_cache import decode_cache, prefix_cache
 from agent_r1.rollout.kv_store import Kept, KVStore
@@ -44,6 +44,13 @@ class RolloutEngine(ABC):
     # the engine's weights are not known to be the learner's when a run starts (a server run elsewhere,
     # rollout.vllm.url): the trainer syncs them first
     syncs_at_start: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """Does it sample with the learner's numbers (its log-probs the learner's, to fp32 rounding)? An
+        engine that does not (another precision, another kernel library) has its episodes weighed by the
+        update's off-policy correction (``rl.learner.off_policy_correction``), as episodes sampled ahead are."""
+        return True
 
     @abstractmethod
     def generate(self, contexts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
@@ -105,13 +112,23 @@ class HFEngine(RolloutEngine):
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.max_batch_size = max_batch_size
-        self.precision = precision  # agent_r1.models.autocast
+        self.precision = precision  # the setting (model.precision); it computes in rollout_precision's answer
         self._cache_kw = cache_kwarg(model) if model is not None else "past_key_values"
         self.store = KVStore(enabled=reuse_kv)
 
     @property
     def reuse_kv(self) -> bool:
         return self.store.enabled
+
+    @property
+    def computes_in(self) -> str:
+        """``fp32`` or ``bf16``: :func:`~agent_r1.models.rollout_precision` of the setting (``auto``: bf16 for
+        a model of 10M parameters or more on a CPU with native bf16, where the learner computes in fp32)."""
+        return rollout_precision(self.precision, self.model)
+
+    @property
+    def exact(self) -> bool:
+        return self.computes_in == resolve_precision(self.precision, next(self.model.parameters()).device)
 
     def reset(self) -> None:
         self.store.reset()
@@ -145,7 +162,7 @@ class HFEngine(RolloutEngine):
         plan = plan_prefill(contexts, [self.store.match(c) for c in contexts])
         self.store.count(sum(map(len, contexts)), plan.prefill_tokens)
         starts = [plan.width - len(c) for c in contexts] if self.store.enabled else None
-        with autocast(self.precision, device):
+        with autocast(self.computes_in, device):
             cache, logits, mask, pos = self._prefill(plan, params.max_new_tokens, device)
             # (eos_id read per call: bench/rollout.py sets it to -1 to force every turn's length)
             out = DecodeLoop(self._forward, self.eos_id, self.pad_id).run(cache, logits, mask, pos, params, generators,

@@ -30,7 +30,9 @@ SMOKE = {
     "rollout.py": (["--n", "4", "--serial-n", "2", "--batch-sizes", "2", "4", "--min-ctx", "20", "--max-ctx", "40",
                     "--max-new-tokens", "4", "--repeats", "1", "--threads", "1", "--budget-s", "30", *TINY_MODEL],
                    "goal: batched/serial ratio"),
-    "rollout.py --engines hf": (["--engines", "hf", "--smoke", "--long-n", "2", "--threads", "1"], "hf    long-context"),
+    # the built-in engine in fp32 and bf16 beside each other, each a fraction of the machine's limit, and the ratio
+    "rollout.py --engines hf": (["--engines", "hf", "--precisions", "fp32", "bf16", "--smoke", "--long-n", "2",
+                                 "--threads", "1", "--mm", "128"], "ratio_hf_bf16_over_hf_episodes_per_s: "),
     "kv_reuse.py": (["--model", "tiny", "--episodes", "2", "--turns", "2", "--max-new-tokens", "4", "--repeats", "1",
                      "--threads", "1"], "ratio_wall_full_over_reuse:"),
     "learner.py": (["--models", "32,1,2,1,64", "--batch", "2", "--seq", "32", "--prompt", "4", "--steps", "1",
@@ -73,8 +75,6 @@ def test_every_bench_file_is_covered():
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_bench_script_runs_at_smoke_scale(name):
-    if name == "rollout.py --engines hf" and _vllm_python().exists():
-        pytest.skip("its HF rows are run by test_rollout_engines_hf_and_vllm_at_smoke_scale")
     args, line = SMOKE[name]
     assert line in bench(name.split()[0], args)
 
@@ -87,6 +87,7 @@ def test_machine_helpers():
     assert machine.elementwise_probe(n=1024, reps=2) > 0
     assert machine.others_cores(start) >= 0
     assert machine.warn_if_spinning(10.0) == "" and "WARNING" in machine.warn_if_spinning(5000.0)
+    assert machine.matmul_flops(32, 1) > 0 and machine.read_bandwidth(1, 1) > 0
 
 
 def test_shared_prefix_runs_on_a_model_folder(tmp_path, tok, make_model):
@@ -143,8 +144,10 @@ def test_rollout_engines_hf_and_vllm_at_smoke_scale():
     """``bench/rollout.py --engines hf vllm`` (the README's vLLM/HF ratio) on the tiny model: a
     vLLM server started as the pipeline starts it, with the config's defaults."""
     _needs_vllm()
-    out = bench("rollout.py", ["--engines", "hf", "vllm", "--smoke", "--long-n", "2", "--threads", "1"], timeout=1200)
-    assert out.strip().splitlines()[-1].startswith("ratio_vllm_over_hf_tokens_per_s: ")
+    out = bench("rollout.py", ["--engines", "hf", "vllm", "--smoke", "--long-n", "2", "--threads", "1", "--mm", "128"],
+                timeout=1200)
+    assert out.strip().splitlines()[-1].startswith("ratio_vllm_over_hf_episodes_per_s: ")
+    assert out.count("fraction of limit") == 4  # each engine on each workload
 
 
 @pytest.mark.slow
