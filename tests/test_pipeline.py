@@ -42,6 +42,31 @@ def weights(path) -> dict:
 
 
 # ------------------------------------------------------------------------------ resume
+def _sft_killed_after_its_first_state(cfg) -> None:
+    """The SFT stage of ``cfg``, stopped by an exception right after it wrote its first resumable state."""
+    import agent_r1.pipeline.stages as st
+
+    class Killed(Exception):
+        pass
+
+    state, real = cfg.out / "state" / "sft", st.sft_loop
+
+    def dying_loop(*args, on_step=None, **kw):
+        def wrapped(step, total, m):
+            stop = on_step(step, total, m)
+            if (state / "meta.json").exists():
+                raise Killed
+            return stop
+        return real(*args, on_step=wrapped, **kw)
+
+    st.sft_loop = dying_loop
+    try:
+        with pytest.raises(Killed):
+            stages.sft(cfg)
+    finally:
+        st.sft_loop = real
+
+
 def test_sft_resumed_from_its_last_state_matches_an_uninterrupted_run(tmp_path):
     a = tiny_cfg(tmp_path / "a", "sft.checkpoint_every=5")
     stages.prepare(a)
@@ -52,29 +77,7 @@ def test_sft_resumed_from_its_last_state_matches_an_uninterrupted_run(tmp_path):
     stages.prepare(b)
     state = b.out / "state" / "sft"
 
-    class Killed(Exception):
-        pass
-
-    def kill_after_first_state(step, total, metrics):
-        if (state / "meta.json").exists():
-            raise Killed  # as if the process died right after the state at step 5 was written
-
-    import agent_r1.pipeline.stages as st
-
-    real = st.sft_loop
-
-    def dying_loop(*args, on_step=None, **kw):
-        def wrapped(step, total, m):
-            on_step(step, total, m)
-            kill_after_first_state(step, total, m)
-        return real(*args, on_step=wrapped, **kw)
-
-    st.sft_loop = dying_loop
-    try:
-        with pytest.raises(Killed):
-            stages.sft(b)
-    finally:
-        st.sft_loop = real
+    _sft_killed_after_its_first_state(b)  # as if the process died right after the state at step 5 was written
     assert json.loads((state / "meta.json").read_text())["step"] == 5
     assert not (b.out / "checkpoints" / "sft").exists()
     stages.sft(b)  # resumes at step 5
@@ -88,8 +91,6 @@ def test_a_named_model_s_sft_state_is_its_weights_and_adam_moments_only_and_resu
     """A save costs what a resume needs: for a model of model.name_or_path (its tokenizer is the model's,
     loaded again on resume) the state holds the weights and the optimizer's two moments per weight, no
     copy of the tokenizer, and the resumed run ends where the uninterrupted one did."""
-    import agent_r1.pipeline.stages as st
-
     tiny = tiny_cfg(tmp_path / "tiny", "sft.epochs=0.05")
     stages.prepare(tiny)
     stages.sft(tiny)  # writes checkpoints/base: the untrained tiny model as a model folder
@@ -105,24 +106,7 @@ def test_a_named_model_s_sft_state_is_its_weights_and_adam_moments_only_and_resu
     stages.sft(a)
     state = b.out / "state" / "sft"
 
-    class Killed(Exception):
-        pass
-
-    real = st.sft_loop
-
-    def dying_loop(*args, on_step=None, **kw):
-        def wrapped(step, total, m):
-            on_step(step, total, m)
-            if (state / "meta.json").exists():
-                raise Killed
-        return real(*args, on_step=wrapped, **kw)
-
-    st.sft_loop = dying_loop
-    try:
-        with pytest.raises(Killed):
-            stages.sft(b)
-    finally:
-        st.sft_loop = real
+    _sft_killed_after_its_first_state(b)
     files = {str(f.relative_to(state)): f.stat().st_size for f in state.rglob("*") if f.is_file()}
     assert set(files) == {"meta.json", "policy/mp_rank_00_model_states.pt"}
     assert 3 * 4 * n_params <= sum(files.values()) < 3 * 4 * n_params * 1.1  # fp32 weights + 2 Adam moments
