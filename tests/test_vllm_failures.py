@@ -173,7 +173,8 @@ def _trainer(engine, tok):
     return SimpleNamespace(cfg=RLConfig(tasks_per_iteration=2, group_size=2), tasks=[{"id": "a", "question": "Paris?"},
                            {"id": "b", "question": "Danube?"}], rng=torch.Generator().manual_seed(0), max_new_tokens=4,
                            engine=engine, make_env=lambda: ToolEnv([], max_turns=1), context=ContextManager(tok),
-                           max_context_tokens=None, method="grpo", files=None, iteration=0, curriculum=None)
+                           max_context_tokens=None, method="grpo", files=None, iteration=0, curriculum=None, seed=0,
+                           demos=None)
 
 
 @pytest.mark.parametrize("failure", ["500", "truncated", "garbage"])
