@@ -264,10 +264,11 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     other one as an agent with the config's tools, in the env settings the checkpoint was trained
     with where it records them, but for the keys of ``env_set`` (None, the pipeline's own stage:
     every key is the config's, and a warning names the recorded ones that differ;
-    :func:`trained_config`). The tasks are :func:`~agent_r1.run.eval_tasks`. With ``merge`` the results are added to an existing
-    eval.json of the same rows (``metrics/eval_data.json`` records their version; one of other rows
-    is replaced, with a warning). With ``eval.every``, the held-out curves too (:func:`heldout_curves`);
-    with ``eval.pass_k``, each model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
+    :func:`trained_config`). The tasks are :func:`~agent_r1.run.eval_tasks`. With ``merge`` the
+    results are added to an existing eval.json of the same rows (``metrics/eval_data.json`` records
+    their version; one of other rows is replaced, with a warning). With ``eval.every``, the held-out
+    curves too (:func:`heldout_curves`); with ``eval.pass_k``, each model's pass@k beside its greedy
+    scores (:func:`sampled_pass_at_k`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
