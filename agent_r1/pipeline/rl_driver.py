@@ -504,7 +504,7 @@ class RLTrainer:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
                        max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
                        seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), heldout=heldout, every=cfg.curve_every,
-                       health=cfg.health, demo_pool=demo_pool(cfg, train_df))
+                       health=cfg.health, demo_pool=demo_pool(cfg, train_df) if cfg.rl.demos else None)
         except BaseException:
             engine.close()
             raise
