@@ -366,7 +366,8 @@ def rl_methods(cfg: RunConfig) -> list[str]:
 
 
 def for_method(cfg: RunConfig, method: str) -> RunConfig:
-    """The config that trains ``method`` (its estimator and masks; everything else shared)."""
+    """The config that trains ``method`` (its estimator, masks, process rewards and demonstration
+    method: :func:`~agent_r1.config.parse_method`; everything else shared)."""
     return cfg.model_copy(update={"rl": cfg.rl.model_copy(update=parse_method(method))})
 
 
