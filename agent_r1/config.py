@@ -450,7 +450,8 @@ class RunConfig(_Strict):
     name: str = "default"
     """Pipeline name (set from the pipelines.yaml entry)."""
     seed: int = 0
-    """Seed of sampling, shuffling and task selection in every stage."""
+    """Seed of sampling, shuffling and task selection in every stage (but the evaluated and held-out curve tasks:
+    `eval.seed`)."""
     output_dir: str = "outputs/default"
     """Folder every stage writes under (default outputs/<pipeline>)."""
     data: DataConfig = DataConfig()
