@@ -409,10 +409,11 @@ def show(
     from agent_r1.envs import NaiveRAGEnv
     from agent_r1.models import load_model
     from agent_r1.run import Agent, evaluate_agent, make_tools, tasks_for
+    from agent_r1.tracking import is_registry_uri
     from agent_r1.transcripts import transcripts
 
     cfg = _config(pipeline, config_file, overrides)
-    if source.startswith(("models:/", "runs:/")):
+    if is_registry_uri(source):
         source = str(_tracker(True).load_agent(source, cfg.out / "state" / "show_model"))
     model, tokenizer = load_model(source)
     data_dir = cfg.out / "data"

@@ -57,6 +57,7 @@ from agent_r1.rollout import EngineDied, RolloutEngine, SamplingParams, run_epis
 from agent_r1.rollout.build import make_engine
 from agent_r1.run import Agent, curve_agent, curve_tasks, demo_pool, heldout_point, make_tools, tasks_for
 from agent_r1.sft import demonstration
+from agent_r1.tracking import is_registry_uri
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
 
@@ -595,7 +596,7 @@ class RLTrainer:
 def start_path(cfg: RunConfig, tracker=None) -> str:
     """RL's starting model folder: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
     src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
-    if src.startswith(("models:/", "runs:/")):
+    if is_registry_uri(src):
         if tracker is None:
             raise ValueError(f"rl.init_from={src!r} needs MLflow tracking to resolve")
         src = str(tracker.load_agent(src, cfg.out / "state" / "init_model"))

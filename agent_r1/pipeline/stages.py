@@ -48,6 +48,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_lea
 from agent_r1.evaluate import pass_at_k_by_hops, summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
+from agent_r1.tracking import is_registry_uri
 from agent_r1.run import (Agent, curve_agent, curve_tasks, eval_tasks, evaluate_agent, flat_eval, heldout_point, initial_model, make_tools,
                           oracle_demonstrations, prepare_data, selection_problems)
 from agent_r1.sft import Plateau, sft as sft_loop
@@ -369,7 +370,7 @@ def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], prog
     the score cache when it holds it (:mod:`~agent_r1.pipeline.score_cache`, ``eval.cache_baselines``),
     and goes there when it is computed."""
     key = None
-    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not str(src).startswith(("models:/", "runs:/")):
+    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not is_registry_uri(src):
         key = baseline_key(trained_config(cfg, str(src), env_set, warn=False), method, str(src), tasks, pass_k)
         if (hit := cached_score(method, key, len(tasks))) is not None:
             return model, hit["by_hops"], hit["transcripts"]
@@ -412,7 +413,7 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], stage_log: Stage
 def checkpoint_folder(cfg: RunConfig, method: str, src: str, tracker=None) -> str:
     """``src`` as a local folder where it is a registry URI (``models:/...``, ``runs:/...``: downloaded
     through ``tracker`` into ``state/eval_models/<method>``); else ``src`` itself."""
-    if not src.startswith(("models:/", "runs:/")):
+    if not is_registry_uri(src):
         return src
     if tracker is None:
         raise ValueError(f"evaluating {src} needs MLflow tracking")
