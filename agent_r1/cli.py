@@ -139,6 +139,12 @@ def kinds_table(results: dict, split: str, title: str) -> Table | None:
     return table
 
 
+def _print_kinds(results: dict, split: str) -> None:
+    """Print :func:`kinds_table` of ``split`` where the data has kinds."""
+    if kinds := kinds_table(results, split, f"EM by kind (qtype), {split}"):
+        console.print(kinds)
+
+
 def _tracker(track: bool):
     if not track:
         return None
@@ -184,8 +190,7 @@ def train(
         record_in_dvc_lock(cfg, config_file, overrides, "register" if track else "evaluate")
         shown = {k: v for k, v in out["eval"].items() if k == cfg.eval.split or k.endswith("hop") or k.startswith("curve_")}
         console.print(results_table(shown, f"held-out evaluation ({cfg.name})", out["timings"]))
-        if kinds := kinds_table(out["eval"], cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
-            console.print(kinds)
+        _print_kinds(out["eval"], cfg.eval.split)
         console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
         if look := needs_a_look(out["health"]):
             console.print(f"[yellow]needs a look: the run raised health alarms ({look}; docs/health.md)[/yellow]")
@@ -273,8 +278,7 @@ def stage(
         elif name == "evaluate":
             results = stages.evaluate(cfg, slog, Progress())
             console.print(results_table({k: v for k, v in results.items() if k.endswith("hop")}, f"held-out evaluation ({cfg.name})"))
-            if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
-                console.print(kinds)
+            _print_kinds(results, cfg.eval.split)
         else:
             console.print(f"wrote {getattr(stages, name)(cfg, slog, Progress())}")
     if name == STAGES[-1]:
@@ -349,8 +353,7 @@ def evaluate(
             slog.end(status)
             tracker.end_run(run_id, status)
     console.print(results_table(results, f"held-out evaluation ({cfg.name}, split {cfg.eval.split})"))
-    if kinds := kinds_table(results, cfg.eval.split, f"EM by kind (qtype), {cfg.eval.split}"):
-        console.print(kinds)
+    _print_kinds(results, cfg.eval.split)
     console.print(f"metrics: {cfg.out / 'metrics' / 'eval.json'}")
 
 
@@ -406,10 +409,11 @@ def show(
     from agent_r1.envs import NaiveRAGEnv
     from agent_r1.models import load_model
     from agent_r1.run import Agent, evaluate_agent, make_tools, tasks_for
+    from agent_r1.tracking import is_registry_uri
     from agent_r1.transcripts import transcripts
 
     cfg = _config(pipeline, config_file, overrides)
-    if source.startswith(("models:/", "runs:/")):
+    if is_registry_uri(source):
         source = str(_tracker(True).load_agent(source, cfg.out / "state" / "show_model"))
     model, tokenizer = load_model(source)
     data_dir = cfg.out / "data"

@@ -389,7 +389,7 @@ class EvalConfig(_Strict):
     pass_samples: int | None = Field(None, ge=1)
     """Episodes sampled per task for pass@k (n ≥ every k); null: the largest of `pass_k`."""
     # Evaluated next to the trained agents: naive_rag (retrieve once with the question, answer
-    # in one turn, with the SFT weights) and base_tool_call (the model before any training, with
+    # in one turn, with the base model: default_methods) and base_tool_call (the model before any training, with
     # the tools: for a hub model the instruct model itself, for the tiny model its random init).
     baselines: list[Literal["naive_rag", "base_tool_call", "no_tool", "random", "oracle"]] = ["naive_rag", "base_tool_call"]
     """Baselines evaluated next to the trained agents: naive_rag (one retrieval, then the answer),
@@ -450,7 +450,8 @@ class RunConfig(_Strict):
     name: str = "default"
     """Pipeline name (set from the pipelines.yaml entry)."""
     seed: int = 0
-    """Seed of sampling, shuffling and task selection in every stage."""
+    """Seed of sampling, shuffling and task selection in every stage (but the evaluated and held-out curve tasks:
+    `eval.seed`)."""
     output_dir: str = "outputs/default"
     """Folder every stage writes under (default outputs/<pipeline>)."""
     data: DataConfig = DataConfig()

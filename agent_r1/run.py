@@ -19,7 +19,7 @@ from agent_r1.data import (ALL_SPLITS, SPLITS, DataError, load_hotpotqa, task_re
                            write_tasks)
 from agent_r1.data.code_tasks import CodeTaskConfig, write_code_tasks
 from agent_r1.data.text_games import write_text_games
-from agent_r1.data.synthetic import generate, load_corpus, load_split
+from agent_r1.data.synthetic import generate, load_corpus, load_split, split_corpus_name
 from agent_r1.envs import MultiHopQAEnv, ToolEnv, env_tools, get_env, make_env_factory
 from agent_r1.evaluate import summarize_by_hops
 from agent_r1.learner.distributed import gathered, my_share
@@ -124,8 +124,8 @@ def _prepare_jsonl(src: Path, out: Path, env_cls: type[ToolEnv]) -> Path:
         raise DataError(f"{files['test']}: {len(shared)} task id(s) also in {files['train']}, "
                         f"e.g. {min(shared)!r}: a task must be in one split only")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("corpus", "val_corpus", *ALL_SPLITS):  # what an earlier prepare into this folder left
-        (out / f"{stale}.parquet").unlink(missing_ok=True)
+    for stale in ("corpus.parquet", split_corpus_name("val"), *(f"{s}.parquet" for s in ALL_SPLITS)):
+        (out / stale).unlink(missing_ok=True)  # what an earlier prepare into this folder left
     if src.is_dir() and (src / "corpus.jsonl").exists():
         rows, _ = _read_jsonl(src / "corpus.jsonl")
         write_corpus(pd.DataFrame(rows), out / "corpus.parquet")

@@ -42,6 +42,11 @@ def configure(project_dir: Path | str = ".") -> str:
     return f"sqlite:///{root / 'mlflow.db'}"
 
 
+def is_registry_uri(src: str) -> bool:
+    """A ``models:/`` or ``runs:/`` URI: a model :meth:`Tracker.load_agent` downloads, not a folder or hub id."""
+    return str(src).startswith(("models:/", "runs:/"))
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     """A nested dict as ``{"a.b.c": "value"}``; lists are JSON-encoded, other leaves ``str``-ed."""
     out: dict[str, str] = {}

@@ -249,7 +249,8 @@ class TrainBatch:
       a gradient (not computed for a single-step update, whose ratio is 1);
     - ``ref_logprobs`` [B, T]: the frozen reference's log-probs (``kl_coef > 0``);
     - ``behaviour_logprobs`` [B, T]: ``sample_logprobs`` when the episodes may come from an older
-      policy than the learner's (``rl.max_staleness`` ≥ 1): the update corrects for it
+      policy than the learner's (``rl.max_staleness`` ≥ 1) or from an engine that is not exact
+      (``RolloutEngine.exact``: another precision): the update corrects for it
       (``rl.learner.off_policy_correction``);
     - ``demo_mask`` [B, T]: 1 on the demonstrated tokens of an off-policy member of a group (``Trajectory.demo``
       "member"): in the loss mask, not in the action mask (not sampled), trained with their own weight

@@ -318,13 +318,13 @@ def test_optimizer_offload_uses_deepspeeds_cpu_adam_and_trains(make_model, tok):
     assert matrices and matrices <= moved, sorted(matrices - moved)
 
 
-def _two_gloo_ranks(script: str, tmp_path: Path) -> list[dict]:
-    """``script`` run as ranks 0 and 1 of a gloo group (``python -c script tmp_path``); what each rank
-    wrote to ``tmp_path/rank<r>.json``."""
+def two_gloo_ranks(script: str, tmp_path: Path, *args: str) -> list[dict]:
+    """``script`` run as ranks 0 and 1 of a gloo group (``python -c script *args tmp_path``); what each
+    rank wrote to ``tmp_path/rank<r>.json``."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args, str(tmp_path)], cwd=ROOT,
                               env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     try:
@@ -366,7 +366,7 @@ dist.destroy_process_group()
 @pytest.mark.slow  # two processes of torch: ~10 s
 @pytest.mark.timeout(300)
 def test_every_rank_enters_the_shared_state_all_reduce_with_keyed_steps_or_none(tmp_path):
-    infos = _two_gloo_ranks(KEYED, tmp_path)
+    infos = two_gloo_ranks(KEYED, tmp_path)
     # every rank: rank 0's 2 shared steps of the 2 keyed steps; one of the 2 groups with equal rewards
     assert infos[0] == infos[1] == {"rollout/shared_state_steps": 1.0, "dapo/zero_variance_groups": 0.5}
 
@@ -413,7 +413,7 @@ open(os.path.join(sys.argv[1], f"rank{rank()}.json"), "w").write(json.dumps(resu
 def test_two_ranks_whiten_reinforce_pp_advantages_as_one_process(tmp_path):
     """reinforce_pp(_baseline) whiten over the batch's action tokens: on 2 ranks (gloo), each with one
     group, the advantages are one process's over both groups (not each rank's batch whitened alone)."""
-    r0, r1 = _two_gloo_ranks(WHITENED, tmp_path)
+    r0, r1 = two_gloo_ranks(WHITENED, tmp_path)
     for algorithm, one in r0["one"].items():
         two = r0["ranks"][algorithm] + r1["ranks"][algorithm]
         assert two == pytest.approx(one, rel=1e-6, abs=1e-6), algorithm

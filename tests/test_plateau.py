@@ -6,18 +6,13 @@ import json
 import pytest
 import torch
 
-from agent_r1.config import load_config, parse_overrides
 from agent_r1.evaluate import comparison_markdown, pass_at_k, pass_at_k_by_hops
 from agent_r1.pipeline import stages
 from agent_r1.pipeline.record import StageLog
 from agent_r1.sft import Plateau
 from agent_r1.trajectory import Trajectory
 
-from test_pipeline import TINY, weights
-
-
-def tiny_cfg(tmp_path, *extra):
-    return load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path}", *TINY, *extra]))
+from test_pipeline import tiny_cfg, weights
 
 
 # ------------------------------------------------------------------------------ the plateau

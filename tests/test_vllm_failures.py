@@ -14,9 +14,6 @@ http.server in a thread; tests/test_vllm.py runs the real one):
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +26,6 @@ import torch
 from agent_r1.rollout import EngineDied, SamplingParams
 from agent_r1.rollout.vllm_engine import HTTPRefused, VLLMEngine
 
-ROOT = Path(__file__).resolve().parents[1]
 OK, FAIL, SLOW = 1, 2, 3  # a context's first id: how the stand-in answers it
 TIMEOUT_S = 60.0  # the engine's request timeout: a slow request would hold the batch this long
 
@@ -254,26 +250,15 @@ os._exit(0)  # as agent-r1 train on N ranks: no C++ destructor of a communicatio
 @pytest.mark.slow  # two processes of torch: ~10 s
 @pytest.mark.timeout(300)
 def test_two_ranks_share_one_server_and_sync_it_once_per_update(tmp_path):
-    (a, state_a, url_a), (b, state_b, url_b) = _serve(), _serve()
-    from agent_r1.ports import free_port
+    from tests.test_distributed import two_gloo_ranks
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", RANKS, url_a, url_b, str(tmp_path)], cwd=ROOT,
-                              env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    (a, state_a, url_a), (b, state_b, url_b) = _serve(), _serve()
     try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
+        r0, r1 = two_gloo_ranks(RANKS, tmp_path, url_a, url_b)
     finally:
-        for p in procs:
-            p.kill()
         for httpd in (a, b):
             httpd.shutdown()
             httpd.server_close()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["start_error"] == "FileNotFoundError: no vLLM environment"
     assert r1["start_error"] == "RuntimeError: on rank 0: no vLLM environment"
     assert r0["url"] == r1["url"] == url_a  # rank 0 started the server, rank 1 got its url

@@ -66,19 +66,9 @@ def registered_demo_method(spec: str) -> str:
     (``my_pkg.demos:MyMethod``, ``path/to/file.py:MyMethod``), the name the class it names was
     registered under (importing it registered it). ValueError (what a config validator reports)
     when the path does not import or names a class that was never registered."""
-    from agent_r1.registry import is_import_path, load_object
+    from agent_r1.algorithms.registry import registered_in
 
-    if not is_import_path(spec):
-        return spec
-    try:
-        cls = load_object(spec, "demonstration method")
-    except ImportError as e:
-        raise ValueError(str(e)) from None
-    for name, entry in DEMO_METHODS.items():
-        if entry is cls:
-            return name
-    raise ValueError(f"demonstration method {spec!r}: {getattr(cls, '__name__', cls)!r} is not registered; decorate it "
-                     "with @register_demo_method(\"name\") from agent_r1.algorithms")
+    return registered_in(spec, "demonstration method", DEMO_METHODS, "register_demo_method")
 
 
 def demo_settings(name: str) -> dict[str, Any]:

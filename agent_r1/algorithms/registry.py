@@ -147,16 +147,24 @@ def registered_name(spec: str, kind: str = "advantage") -> str:
     the function it names was registered under (importing its module registered it). ``kind``:
     ``advantage`` or ``policy loss``. ValueError (what a config validator reports) when the path
     does not import or names a function that was never registered."""
+    table = ADVANTAGES if kind == "advantage" else POLICY_LOSSES
+    decorator = "register_advantage" if kind == "advantage" else "register_policy_loss"
+    return registered_in(spec, kind, table, decorator, lambda entry: entry.fn)
+
+
+def registered_in(spec: str, kind: str, table: dict, decorator: str, registered=lambda entry: entry) -> str:
+    """The name ``spec`` stands for in ``table`` (name → entry; ``registered(entry)``: the function or
+    class registered): ``spec`` itself, or, for an import path, the name what it names was registered
+    under with ``@<decorator>`` (importing it registered it). ValueError (what a config validator
+    reports) when the path does not import or names something never registered."""
     if not is_import_path(spec):
         return spec
-    table = ADVANTAGES if kind == "advantage" else POLICY_LOSSES
     try:
-        fn = load_object(spec, kind)
+        obj = load_object(spec, kind)
     except ImportError as e:
         raise ValueError(str(e)) from None
     for name, entry in table.items():
-        if entry.fn is fn:
+        if registered(entry) is obj:
             return name
-    decorator = "register_advantage" if kind == "advantage" else "register_policy_loss"
-    raise ValueError(f"{kind} {spec!r}: {getattr(fn, '__name__', fn)!r} is not registered; decorate it with "
-                      f"@{decorator}(\"name\") from agent_r1.algorithms")
+    raise ValueError(f"{kind} {spec!r}: {getattr(obj, '__name__', obj)!r} is not registered; decorate it with "
+                     f"@{decorator}(\"name\") from agent_r1.algorithms")

@@ -39,11 +39,18 @@ def get_env(name: str) -> type[ToolEnv]:
     return named_class(name, ENVS, ToolEnv, "environment")
 
 
+def tool_specs(env_cfg, env_cls: type[ToolEnv] | None = None) -> list[str | dict]:
+    """The tool entries of the config's ``env`` section: ``env.tools``, or the class's DEFAULT_TOOLS
+    (``env_cls``, default: ``env.name``'s)."""
+    if env_cfg.tools is not None:
+        return env_cfg.tools
+    return (env_cls or get_env(env_cfg.name)).DEFAULT_TOOLS
+
+
 def env_tools(env_cfg, data_dir: Path | None, env_cls: type[ToolEnv] | None = None, split: str | None = None) -> list[Tool]:
-    """The tools of the config's ``env`` section: ``env.tools``, or the class's DEFAULT_TOOLS (for
-    the questions of ``split``: see agent_r1.tools.build_tools)."""
-    cls = env_cls or get_env(env_cfg.name)
-    return build_tools(cls.DEFAULT_TOOLS if env_cfg.tools is None else env_cfg.tools, data_dir, env_cfg, split)
+    """The tools of the config's ``env`` section (:func:`tool_specs`) built for the questions of
+    ``split`` (see agent_r1.tools.build_tools)."""
+    return build_tools(tool_specs(env_cfg, env_cls), data_dir, env_cfg, split)
 
 
 def make_env_factory(env_cfg, tools: list[Tool], env_cls: type[ToolEnv] | None = None,
@@ -71,7 +78,7 @@ def config_problems(env_cfg) -> list[str]:
     except (ImportError, KeyError, TypeError) as e:
         return [f"env.name: {e.args[0] if e.args else e}"]
     out = []
-    for spec in cls.DEFAULT_TOOLS if env_cfg.tools is None else env_cfg.tools:
+    for spec in tool_specs(env_cfg, cls):
         name = spec if isinstance(spec, str) else spec.get("name")
         if not isinstance(name, str):
             out.append(f"env.tools: an entry must be a name or a mapping with 'name', got {spec!r}")

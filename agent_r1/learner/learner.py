@@ -298,7 +298,8 @@ def _partitions(engine, weights_only: bool = False) -> bool:
 
 def off_policy_weights(prox: torch.Tensor, mb: TrainBatch, cfg: LearnerConfig) -> tuple[torch.Tensor, dict]:
     """The advantages the policy loss takes for a mini-batch ``mb``: unchanged, unless its episodes
-    were sampled ahead of the learner (``mb.behaviour_logprobs``, rl.max_staleness ≥ 1) and
+    were sampled ahead of the learner or by an engine that is not exact (``mb.behaviour_logprobs``:
+    rl.max_staleness ≥ 1, a bf16 rollout beside an fp32 update) and
     ``cfg.off_policy_correction`` weighs them by w = π_prox / π_behav (``prox``: the log-probs before
     this update). The weight scales the advantages, which weighs the clipped surrogate token by token
     (w ≥ 0 factors out of its max and of the dual-clip cap). ``decoupled`` gives the tokens over the cap

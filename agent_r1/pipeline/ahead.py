@@ -146,13 +146,10 @@ class RolloutsAhead:
         """Iteration ``j``'s sample; when the server dies it is restarted (from the weights it had)
         once and the batch sampled again from the same seeds."""
         try:
-            return self.sample(j, self._generator(j))
+            return self.sample(j, iteration_generator(self.seed, j))
         except EngineDied as e:
             if self._closing:
                 raise
             log.warning("the rollout engine died sampling iteration %d (%s); restarting it and retrying", j + 1, e)
         self.engine.restart()
-        return self.sample(j, self._generator(j))
-
-    def _generator(self, j: int) -> torch.Generator:
-        return iteration_generator(self.seed, j)
+        return self.sample(j, iteration_generator(self.seed, j))

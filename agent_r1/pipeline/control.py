@@ -41,8 +41,8 @@ def control(cfg: RunConfig, seconds: float | None = None, progress: Progress | N
     writes ``checkpoints/sft_control``. With RL's held-out curve (``eval.every``), the control's
     curve (``metrics/heldout/sft_control.json``): RL's point at iteration 0 when RL started from the
     same SFT checkpoint, else (``rl.init_from``) one of its own start, then a point on the same tasks
-    wherever its training time (the curve's own left out) reaches the share of ``seconds`` at which RL's curve has one, at x = that time and the same share of
-    RL's episodes."""
+    wherever its training time (the curve's own left out) reaches the share of ``seconds`` at which
+    RL's curve has one, at x = that time and the same share of RL's episodes."""
     if seconds is None:
         seconds = rl_seconds(cfg)
         log.info("control: SFT for %.0f s, the training time of %s", seconds, matched_method(cfg))

@@ -2,7 +2,8 @@
 failed (saturated: a group of them has no group-relative signal) are drawn less often.
 
 Tasks are drawn without replacement, a saturated one with weight ``saturated_weight`` and the others
-with weight 1, from the trainer's generator: the draws depend on the seed and the results alone. Its
+with weight 1, from the iteration's own generator (:func:`~agent_r1.pipeline.ahead.iteration_generator`):
+the draws depend on the seed and the results alone. Its
 state (the outcomes of each task's last draws) is part of the resumable state, so a resumed run draws
 what the uninterrupted one would.
 """

@@ -31,7 +31,7 @@ import logging
 import statistics
 
 from agent_r1.config import HealthConfig, RunConfig
-from agent_r1.envs.registry import get_env
+from agent_r1.envs.registry import tool_specs
 from agent_r1.learner.distributed import is_main
 from agent_r1.pipeline.record import StageLog
 from agent_r1.trajectory import Trajectory
@@ -110,7 +110,7 @@ def first_chances(cfg: RunConfig) -> dict[str, int | None]:
     within ``rl.iterations``: its threshold is off, the run is shorter than the iterations it needs, it
     has no held-out curve (``reward_divergence``), or its environment has no tools (``tool_collapse``)."""
     h, every = cfg.health, cfg.curve_every
-    tools = cfg.env.tools if cfg.env.tools is not None else get_env(cfg.env.name).DEFAULT_TOOLS
+    tools = tool_specs(cfg.env)
     first = {"format_errors": h.patience if h.format_error_rate is not None else None,
              "tool_collapse": h.baseline_iterations + h.patience if h.tool_use_drop is not None and tools else None,
              "reward_divergence": min(every, cfg.rl.iterations) if h.reward_gap is not None and every else None,

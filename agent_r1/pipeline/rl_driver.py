@@ -57,6 +57,7 @@ from agent_r1.rollout import EngineDied, RolloutEngine, SamplingParams, run_epis
 from agent_r1.rollout.build import make_engine
 from agent_r1.run import Agent, curve_agent, curve_tasks, demo_pool, heldout_point, make_tools, tasks_for
 from agent_r1.sft import demonstration
+from agent_r1.tracking import is_registry_uri
 from agent_r1.trajectory import TrainBatch, Trajectory, collate, save_parquet, to_sequences
 from agent_r1.transcripts import transcripts
 
@@ -366,7 +367,8 @@ def rl_methods(cfg: RunConfig) -> list[str]:
 
 
 def for_method(cfg: RunConfig, method: str) -> RunConfig:
-    """The config that trains ``method`` (its estimator and masks; everything else shared)."""
+    """The config that trains ``method`` (its estimator, masks, process rewards and demonstration
+    method: :func:`~agent_r1.config.parse_method`; everything else shared)."""
     return cfg.model_copy(update={"rl": cfg.rl.model_copy(update=parse_method(method))})
 
 
@@ -504,7 +506,7 @@ class RLTrainer:
             return cls(learner, engine, agent.make_env, tasks, agent.context(), cfg.rl,
                        max_new_tokens=cfg.env.max_new_tokens, max_context_tokens=cfg.env.max_context_tokens,
                        seed=cfg.seed, stage_log=stage_log, files=RLFiles.of(cfg), heldout=heldout, every=cfg.curve_every,
-                       health=cfg.health, demo_pool=demo_pool(cfg, train_df))
+                       health=cfg.health, demo_pool=demo_pool(cfg, train_df) if cfg.rl.demos else None)
         except BaseException:
             engine.close()
             raise
@@ -594,7 +596,7 @@ class RLTrainer:
 def start_path(cfg: RunConfig, tracker=None) -> str:
     """RL's starting model folder: ``rl.init_from`` (a folder or ``models:/...``) or ``checkpoints/sft``."""
     src = cfg.rl.init_from or str(checkpoint_dir(cfg, "sft"))
-    if src.startswith(("models:/", "runs:/")):
+    if is_registry_uri(src):
         if tracker is None:
             raise ValueError(f"rl.init_from={src!r} needs MLflow tracking to resolve")
         src = str(tracker.load_agent(src, cfg.out / "state" / "init_model"))

@@ -48,6 +48,7 @@ from agent_r1.pipeline.state import (checkpoint_dir, computed_precision, sft_lea
 from agent_r1.evaluate import pass_at_k_by_hops, summarize_by_hops
 from agent_r1.progress import Progress
 from agent_r1.rollout import play_policy
+from agent_r1.tracking import is_registry_uri
 from agent_r1.run import (Agent, curve_agent, curve_tasks, eval_tasks, evaluate_agent, flat_eval, heldout_point, initial_model, make_tools,
                           oracle_demonstrations, prepare_data, selection_problems)
 from agent_r1.sft import Plateau, sft as sft_loop
@@ -262,11 +263,13 @@ def evaluate(cfg: RunConfig, stage_log: StageLog = NULL_LOG, progress: Progress 
     The method ``naive_rag`` is scored with the Naive RAG protocol, ``no_tool`` as one direct
     answer with no tool, ``random`` and ``oracle`` without a model (:func:`policy_turns`), every
     other one as an agent with the config's tools, in the env settings the checkpoint was trained
-    with where it records them, but for the keys of ``env_set`` (:func:`trained_config`). The
-    tasks are :func:`~agent_r1.run.eval_tasks`. With ``merge`` the results are added to an existing
-    eval.json of the same rows (``metrics/eval_data.json`` records their version; one of other rows
-    is replaced, with a warning). With ``eval.every``, the held-out curves too (:func:`heldout_curves`);
-    with ``eval.pass_k``, each model's pass@k beside its greedy scores (:func:`sampled_pass_at_k`).
+    with where it records them, but for the keys of ``env_set`` (None, the pipeline's own stage:
+    every key is the config's, and a warning names the recorded ones that differ;
+    :func:`trained_config`). The tasks are :func:`~agent_r1.run.eval_tasks`. With ``merge`` the
+    results are added to an existing eval.json of the same rows (``metrics/eval_data.json`` records
+    their version; one of other rows is replaced, with a warning). With ``eval.every``, the held-out
+    curves too (:func:`heldout_curves`); with ``eval.pass_k``, each model's pass@k beside its greedy
+    scores (:func:`sampled_pass_at_k`).
     """
     checkpoints = checkpoints if checkpoints is not None else default_methods(cfg)
     data_dir = cfg.out / "data"
@@ -367,7 +370,7 @@ def _score(cfg: RunConfig, method: str, src: str, tools, tasks: list[dict], prog
     the score cache when it holds it (:mod:`~agent_r1.pipeline.score_cache`, ``eval.cache_baselines``),
     and goes there when it is computed."""
     key = None
-    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not str(src).startswith(("models:/", "runs:/")):
+    if cfg.eval.cache_baselines and method in cfg.eval.baselines and not is_registry_uri(src):
         key = baseline_key(trained_config(cfg, str(src), env_set, warn=False), method, str(src), tasks, pass_k)
         if (hit := cached_score(method, key, len(tasks))) is not None:
             return model, hit["by_hops"], hit["transcripts"]
@@ -410,7 +413,7 @@ def heldout_curves(cfg: RunConfig, checkpoints: dict[str, str], stage_log: Stage
 def checkpoint_folder(cfg: RunConfig, method: str, src: str, tracker=None) -> str:
     """``src`` as a local folder where it is a registry URI (``models:/...``, ``runs:/...``: downloaded
     through ``tracker`` into ``state/eval_models/<method>``); else ``src`` itself."""
-    if not src.startswith(("models:/", "runs:/")):
+    if not is_registry_uri(src):
         return src
     if tracker is None:
         raise ValueError(f"evaluating {src} needs MLflow tracking")

@@ -250,7 +250,8 @@ def format_errors_end(traj: Trajectory, env) -> bool:
     """The rule that ends an episode which keeps failing its format, the same for every policy
     (a model, a baseline) and every environment: its last ``env.max_format_errors`` turns (the
     setting ``env.max_format_errors``) were all format errors. Such an episode ends with
-    ``stop_reason="format_errors"`` and is scored as one without an answer; None: no such end."""
+    ``stop_reason="format_errors"`` and is scored as one without an answer; with the setting None
+    (or 0) it never holds."""
     n = getattr(env, "max_format_errors", None)  # an environment built without ToolEnv.__init__ has none
     return bool(n) and len(traj.steps) >= n and all(s.format_error for s in traj.steps[-n:])
 
