@@ -343,7 +343,10 @@ def evaluate(
         checkpoints = _sources(sources)
         if data is not None:
             checkpoints = _prepare_rows(cfg, data, checkpoints, env_set, tracker, slog)
-        results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None, env_set=env_set)
+        # the pipeline's own checkpoints (none named) in the pipeline's env settings, as its evaluate stage scores them
+        named = sources is not None or data is not None
+        results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None,
+                                  env_set=env_set if named else None)
         status = "FINISHED"
     except (FileNotFoundError, OSError, ValueError) as e:
         _error(str(e))

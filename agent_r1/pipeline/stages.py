@@ -334,7 +334,7 @@ def trained_config(cfg: RunConfig, src: str, env_set: Collection[str] | None = N
     e.g. ``-s env.max_turns=2``; None: every key, for a pipeline's own checkpoints); ``cfg`` itself for
     a checkpoint without them (a hub model). Where the two differ, a warning (unless not ``warn``)
     names each key, the value used and the other one."""
-    settings = trained_settings(src) if Path(src).is_dir() else None
+    settings = trained_settings(src) if src and Path(src).is_dir() else None  # "": a baseline without a model
     if settings is None:
         return cfg
     trained, given = settings["env"], cfg.env.model_dump(mode="json")
