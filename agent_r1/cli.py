@@ -343,8 +343,7 @@ def evaluate(
         checkpoints = _sources(sources)
         if data is not None:
             checkpoints = _prepare_rows(cfg, data, checkpoints, env_set, tracker, slog)
-        # the pipeline's own checkpoints (none named) in the pipeline's env settings, as its evaluate stage scores them
-        named = sources is not None or data is not None
+        named = sources is not None or data is not None  # none: the pipeline's own, in its env (as its stage)
         results = stages.evaluate(cfg, slog, Progress(), checkpoints, tracker, merge=sources is not None,
                                   env_set=env_set if named else None)
         status = "FINISHED"
