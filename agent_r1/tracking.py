@@ -12,6 +12,8 @@ with aliases (``challenger``, ``champion``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import numbers
@@ -71,14 +73,37 @@ def _clean_name(key: str) -> str:
     return "/".join(part for part in name.split("/") if part not in ("", ".", "..")) or "_"
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a local SQLite store; None for other stores (a tracking server)."""
+    if not uri.startswith("sqlite:///") or ":memory:" in uri:
+        return None
+    return Path(uri.removeprefix("sqlite:///")).resolve()
+
+
 def _artifact_root(uri: str) -> str | None:
     """Artifacts of a local SQLite store live next to the database, in ``artifacts/``.
 
     For other stores (a tracking server) the server decides, so this returns None.
     """
-    if not uri.startswith("sqlite:///") or ":memory:" in uri:
-        return None
-    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "artifacts").as_uri()
+    db = _sqlite_file(uri)
+    return None if db is None else (db.parent / "artifacts").as_uri()
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """Hold ``<db>.lock`` (``flock``) while a SQLite store is opened: MLflow creates and migrates
+    a new database's tables on first use, and two processes doing it at once break each other's
+    migration (``duplicate column name``). Other stores need no lock."""
+    db = _sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class _AgentRegistry:
@@ -236,8 +261,9 @@ class Tracker(_AgentRegistry):
         _disable_telemetry()
         from mlflow import MlflowClient
 
-        self.client = MlflowClient(self.uri, registry_uri=self.uri)
-        self.experiment_id = self._experiment(experiment)
+        with _store_lock(self.uri):  # the first process creates the tables, the others wait
+            self.client = MlflowClient(self.uri, registry_uri=self.uri)
+            self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
         """The id of experiment ``name``, created (or restored from the bin) if needed."""

@@ -75,3 +75,12 @@ def until(condition, within_s: float = 30.0) -> bool:
 def group_ends(pgid: int, within_s: float = 30.0) -> bool:
     """Whether process group ``pgid`` is gone within ``within_s`` (a server's, after its owner died)."""
     return until(lambda: not group(pgid), within_s)
+
+
+def waits_for_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for a file lock (a ``->`` entry of /proc/locks)."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "->" and fields[5] == str(pid):
+            return True
+    return False

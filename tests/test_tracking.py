@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +19,9 @@ from agent_r1.checkpoints import SETTINGS_FILE, trained_settings
 from agent_r1.learner.learner import save_hf_checkpoint
 from agent_r1.models import load_model
 from agent_r1.tracking import Tracker, configure, flatten
+from tests.procs import until, waits_for_lock
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {"name": "demo", "rl": {"learner": {"lr": 1e-5, "zero_stage": 0}, "groups": [1, 2]}, "long": "x" * 7000}
 
@@ -31,6 +37,24 @@ def test_flatten_and_default_uri(tmp_path, monkeypatch):
     assert configure(tmp_path) == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
     assert configure(tmp_path) == "http://mlflow:5000"
+
+
+def test_a_new_sqlite_store_is_created_by_one_process_at_a_time(tmp_path):
+    """Two runs started at once on a new store broke each other's table migration (``duplicate
+    column name: step``): the second waits for the first's lock, then opens the finished store."""
+    db = tmp_path / "mlruns" / "mlflow.db"
+    code = f"from agent_r1.tracking import Tracker; Tracker('sqlite:///{db}', experiment='e'); print('opened')"
+    db.parent.mkdir()
+    with open(f"{db}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a first process opening the store
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert until(lambda: waits_for_lock(child.pid) or child.poll() is not None, 120)
+        assert child.poll() is None, "the second process opened the store while the first held it"
+        assert not db.exists()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert child.wait(120) == 0 and child.stdout.read() == "opened\n"
+    assert Tracker(f"sqlite:///{db}", experiment="e").client.get_experiment_by_name("e") is not None
 
 
 def test_params_flattened_and_resume(tracker, tmp_path):
