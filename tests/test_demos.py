@@ -100,6 +100,23 @@ def test_prefixed_episodes_give_a_failed_group_a_gradient_with_the_prefix_masked
     assert resumed.demos.start_k("a") == k0 // 2
 
 
+def test_tasks_without_ids_get_the_prefix_of_their_own_demonstration(tok, make_model):
+    """Tasks without an ``id`` are named by their index in the trainer's tasks (the episodes were
+    named by their index among the group members, and the demonstrations by the iteration's)."""
+    learner = Learner(make_model(seed=0), LearnerConfig(lr=1e-2), precision="fp32")
+    tasks = [{"prompt": "go"}, {"prompt": "write"}]
+    trainer = RLTrainer(learner, HFEngine(learner.model, tok, precision="fp32"), TargetEnv, tasks,
+                        ContextManager(tok), RLConfig(group_size=2, tasks_per_iteration=2, demos="prefix",
+                                                      demo_settings={"episodes": 2}), max_new_tokens=4, seed=0)
+    trajs = sample_episodes(trainer)
+    prompt_of = {t["id"]: t["prompt"] for t in trainer.tasks}
+    assert sorted(prompt_of) == ["0", "1"] and "id" not in tasks[0]  # the caller's dicts are left as they were
+    prefixed = [t for t in trajs if t.demo == PREFIX]
+    assert len(prefixed) == 4 and all(t.final_reward == 1.0 for t in prefixed)
+    for t in trajs:  # every episode, own or prefixed, is of its group's task
+        assert t.task_id == trainer.batch_tasks[t.group_id]["id"]
+
+
 def test_k_goes_down_to_zero_and_then_the_task_gets_no_prefix():
     demo = Trajectory("a", 0, steps=[Step([1], [5, 6], [0.0, 0.0]), Step([1, 5, 6, 9], [7, 8], [0.0, 0.0])])
     from agent_r1.algorithms.demos import PrefixMethod

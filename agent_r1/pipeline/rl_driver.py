@@ -115,7 +115,7 @@ def _demo_episodes(trainer: "RLTrainer", trajs: list[Trajectory]) -> list[Trajec
     sampled like the others."""
     cfg = trainer.cfg
     params = SamplingParams(cfg.temperature, cfg.top_p, trainer.max_new_tokens)
-    tasks = {str(t.get("id", i)): t for i, t in enumerate(trainer.batch_tasks)}
+    tasks = {str(t["id"]): t for t in trainer.batch_tasks}
     return trainer.demos.episodes(trajs, lambda ids, groups, prefixes: run_episodes(
         trainer.engine, trainer.make_env, [tasks[i] for i in ids], trainer.context, params, groups,
         trainer.max_context_tokens, prefixes=prefixes))
@@ -414,8 +414,9 @@ class RLTrainer:
     ``learner`` trains the policy that ``engine`` samples from (an :class:`HFEngine` shares the
     learner's weights; a vLLM engine gets a copy of them at every sync, after each update);
     ``make_env()`` gives a fresh environment per episode; each iteration samples
-    ``cfg.tasks_per_iteration`` of ``tasks`` (with a generator of its own, seeded by ``seed`` and
-    the iteration) and ``cfg.group_size`` episodes of each; the trainer's generator (seeded by
+    ``cfg.tasks_per_iteration`` of ``tasks`` (a task without an ``"id"`` is named by its index),
+    with a generator of its own seeded by ``seed`` and the iteration, and ``cfg.group_size``
+    episodes of each; the trainer's generator (seeded by
     ``seed``) draws the updates' mini-batches. With ``files``, every
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
@@ -435,6 +436,7 @@ class RLTrainer:
             raise ValueError(f"estimator {cfg.algorithm!r} needs a critic: give the Learner critic=ValueModel(...)")
         if not tasks:
             raise ValueError("RLTrainer: no tasks to train on")
+        tasks = [t if "id" in t else {**t, "id": str(i)} for i, t in enumerate(tasks)]  # one id per task, everywhere
         self.learner, self.engine, self.make_env, self.tasks, self.context = learner, engine, make_env, tasks, context
         self.cfg, self.log, self.files, self.health = cfg, stage_log, files, health
         self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
@@ -448,7 +450,7 @@ class RLTrainer:
         self.curriculum = Curriculum(len(tasks), cfg.curriculum) if cfg.curriculum.enabled else None
         self.demos = None  # the demonstration method (rl.demos), with the oracle demonstration of demo_pool's tasks
         if cfg.demos:
-            by_id = {str(t.get("id", i)): t for i, t in enumerate(tasks)}
+            by_id = {str(t["id"]): t for t in tasks}
             self.demos = make_demo_method(cfg.demos, lambda task_id: demonstration(make_env(), by_id[task_id], context),
                                           cfg.demo_settings, demo_pool)
         if files is not None and resumable(files.state, files.fingerprint):
