@@ -83,6 +83,10 @@ def parse_args(argv=None):
                         "that checkpoint, so the model calls the tool and episodes run several turns (0: off)")
     p.add_argument("--no-share-prefix", dest="share_prefix", action="store_false",
                    help="ours: run every row's prompt in the update (LearnerConfig.share_prefix off), as TRL does")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="ours: model.precision, as in a pipeline (auto: the rollout in bf16 on a CPU with native bf16 "
+                        "for a model of 10M+ parameters, the update in fp32; agent_r1.models.rollout_precision); "
+                        "TRL computes in fp32 on a CPU")
     p.add_argument("--sides", nargs="+", choices=["ours", "trl"], default=["ours", "trl"],
                    help="which sides to run, in this order")
     p.add_argument("--side", choices=["ours", "trl", "warmup"], help=argparse.SUPPRESS)  # a child process runs one side
@@ -208,6 +212,7 @@ def run_ours(args) -> dict:
     from agent_r1.envs import MultiHopQAEnv
     from agent_r1.envs.qa import DEFAULT_SYSTEM_PROMPT
     from agent_r1.learner import Learner, LearnerConfig
+    from agent_r1.models import resolve_precision
     from agent_r1.pipeline.rl_driver import build_train_batch
     from agent_r1.rollout import HFEngine, SamplingParams, run_episodes
 
@@ -226,10 +231,13 @@ def run_ours(args) -> dict:
     model, tok, tasks, tool, search = setup(args)
     cfg = RLConfig(group_size=args.group_size, tasks_per_iteration=args.questions,
                    learner=LearnerConfig(lr=args.lr, mini_batches=1, ppo_epochs=1, share_prefix=args.share_prefix))
-    learner = Learner(model, cfg.learner, precision="fp32")
-    engine = HFEngine(model, tok, precision="fp32")
+    learner = Learner(model, cfg.learner, precision=args.precision)
+    engine = HFEngine(model, tok, precision=args.precision)
     context = ContextManager(tok, tools=[get_json_schema(search)])
     limit = max_context(model)
+    print(f"ours: the rollout in {engine.computes_in}, the update in "
+          f"{resolve_precision(args.precision, next(model.parameters()).device)} (model.precision {args.precision})"
+          + ("" if engine.exact else ", its episodes weighed by the off-policy correction"), flush=True)
 
     def make_env():
         return StopWithoutToolCall(tool, max_turns=args.turns, max_context_tokens=limit,
@@ -245,7 +253,7 @@ def run_ours(args) -> dict:
         reps = [t for t in batch_tasks for _ in range(cfg.group_size)]
         trajs = run_episodes(engine, make_env, reps, context, params, groups, limit)
         t1 = clocks()
-        stats = learner.update(build_train_batch(learner, trajs, cfg, tok.pad_token_id), gen)
+        stats = learner.update(build_train_batch(learner, trajs, cfg, tok.pad_token_id, engine.exact), gen)
         t2 = clocks()
         steps.append({**phases(t0, t1, t2), "gen_tokens": sum(t.num_action_tokens for t in trajs),
                       "train_tokens": stats["update/tokens"],
@@ -345,7 +353,7 @@ def main(argv=None) -> None:
     import trl
 
     print(f"trl {trl.__version__}; model {args.model}; {args.questions} questions x group {args.group_size} per step; "
-          f"max_new_tokens {args.max_new_tokens} per turn; <= {args.turns} turns; lr {args.lr}; fp32; "
+          f"max_new_tokens {args.max_new_tokens} per turn; <= {args.turns} turns; lr {args.lr}; ours model.precision {args.precision}, TRL fp32; "
           f"{args.steps} timed steps after 1 warm-up; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
           flush=True)
     argv = list(argv if argv is not None else sys.argv[1:])

@@ -39,7 +39,7 @@ def test_ours_side_runs_one_step_on_the_tiny_model():
     pytest.importorskip("trl")  # the shared chat template is TRL's
     bench = _load()
     args = Namespace(model="tiny", steps=1, questions=1, group_size=2, max_new_tokens=8, turns=2, lr=1e-5, seed=0, share_prefix=True,
-                     reward="em+tiebreak")
+                     reward="em+tiebreak", precision="auto")
     res = bench.run_ours(args)
     (step,) = res["steps"]  # the warm-up step is left out
     assert res["episodes"] == 2
