@@ -416,8 +416,8 @@ class RLTrainer:
     ``make_env()`` gives a fresh environment per episode; each iteration samples
     ``cfg.tasks_per_iteration`` of ``tasks`` (a task without an ``"id"`` is named by its index),
     with a generator of its own seeded by ``seed`` and the iteration, and ``cfg.group_size``
-    episodes of each; the trainer's generator (seeded by
-    ``seed``) draws the updates' mini-batches. With ``files``, every
+    episodes of each; the trainer's generator (seeded by ``seed``) draws the updates'
+    mini-batches. With ``files``, every
     ``cfg.checkpoint_every`` iterations the learner state, RNG and history are saved
     atomically, constructing the trainer again resumes from there, and :meth:`finish` writes
     the agent and its metrics. ``health`` holds the thresholds of the run's alarms. ``demo_pool``:
