@@ -38,7 +38,7 @@ $(VLLM_MARKER): Makefile
 vllm: $(VLLM_MARKER)
 
 # The default pipeline as a Prefect flow (embedded server), tracked in MLflow, agent registered
-# (about 20 to 35 minutes on a 2-core CPU, depending on the CPU: docs/results.md).
+# (about 11 to 35 minutes on a 2-core CPU, depending on the CPU: docs/results.md).
 run: install
 	$(BIN)/python -m flows.training $(ARGS)
 
