@@ -98,6 +98,7 @@ def _store_lock(uri: str):
     if db is None:
         yield
         return
+    db.parent.mkdir(parents=True, exist_ok=True)  # as MLflow makes a new store's folder
     with open(db.with_name(db.name + ".lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
