@@ -585,6 +585,11 @@ def _demos_problems(cfg: RunConfig) -> list[str]:
         if unknown:
             out.append(f"rl.demo_settings: demonstration method {name!r} has no setting(s) {unknown}; "
                        f"its settings: {sorted(demo_settings(name)) or 'none'}")
+            continue
+        try:  # the values, as the run will build the method
+            DEMO_METHODS[name](lambda task_id: None, **cfg.rl.demo_settings)
+        except (ValueError, TypeError) as e:
+            out.append(str(e))
     if cfg.rl.demos and cfg.rl.algorithm == RFT:
         out.append(f"rl.demos: {cfg.rl.demos} puts demonstrations in the RL update; rl.algorithm {RFT} has none (use an "
                    "estimator, e.g. grpo)")

@@ -124,10 +124,11 @@ def test_evaluating_a_split_the_data_lacks_is_one_clear_error_and_a_curve_on_it_
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # code-tiny's stages, twice RL, the curves: a few minutes on a free 2-core machine
 def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_path, monkeypatch):
-    """What `agent-r1 train -p code-tiny -s eval.every=1` runs (with rft beside grpo), in this process:
-    every stage of the `code` pipeline on the tiny model, the python tool sandboxed, the no_tool and
-    base_tool_call baselines beside SFT and the RL methods; a held-out point per iteration 0..N of
-    each method in MLflow, at step = episodes seen; the figure; the curve rows."""
+    """What `agent-r1 train -p code-tiny -s eval.every=1` runs (with rft and grpo+prefix beside grpo),
+    in this process: every stage of the `code` pipeline on the tiny model, the python tool
+    sandboxed, the no_tool and base_tool_call baselines beside SFT and the RL methods; a held-out
+    point per iteration 0..N of each method in MLflow, at step = episodes seen; the figure; the
+    curve rows; the prefix method's episodes from the first tokens of the programs, one k per kind."""
     from mlflow.tracking import MlflowClient
 
     from agent_r1.config import load_config, parse_overrides
@@ -138,7 +139,8 @@ def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     # smoke sizes: 8 SFT steps, RL iterations of 2 tasks x 2 episodes, 6 test (one per kind) and 2 curve problems
     run_all(load_config("code-tiny", ROOT / "pipelines.yaml", parse_overrides(
-        ["eval.every=1", "methods=[grpo, rft]", "eval.curve_size=2", "sft.epochs=0.25", "data.test_per_type=1",
+        ["eval.every=1", "methods=[grpo, rft, grpo+prefix]", "rl.demo_settings={unit: tokens, share_by: qtype}",
+         "rl.demo_pool=all", "eval.curve_size=2", "sft.epochs=0.25", "data.test_per_type=1",
          "rl.tasks_per_iteration=2", "rl.group_size=2", f"output_dir={tmp_path / 'out'}"])), Tracker(uri=uri, project_dir=tmp_path))
     client = MlflowClient(uri)
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
@@ -152,7 +154,11 @@ def test_code_tiny_with_eval_every_logs_heldout_points_and_draws_the_figure(tmp_
         points = json.loads((tmp_path / "out" / "metrics" / "heldout" / f"{method}.json").read_text())
         assert [p["iteration"] for p in points] == [0, 1, 2]
     test = json.loads((tmp_path / "out" / "metrics" / "eval.json").read_text())["test"]
-    assert set(test) == {"no_tool", "base_tool_call", "sft", "grpo", "rft"}
+    assert set(test) == {"no_tool", "base_tool_call", "sft", "grpo", "rft", "grpo+prefix"}
+    prefix = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo+prefix.json").read_text())
+    assert prefix[0]["demos/prefix_episodes"] > 0  # the tiny model fails every group: each gets prefixed episodes
+    kinds = {k.rsplit("/", 1)[1] for h in prefix for k in h if k.startswith("demos/prefix_k/")}
+    assert kinds and kinds <= {"arithmetic", "prime_sum", "divisible_count", "fibonacci", "collatz", "digit_sum"}
     assert test["no_tool"]["turns"] == 1.0 and test["no_tool"]["tool_calls"] == 0.0
     assert all(0.0 <= m["em"] <= 1.0 and "code_runs" in m for m in test.values())
     history = json.loads((tmp_path / "out" / "metrics" / "train" / "grpo.json").read_text())

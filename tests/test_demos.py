@@ -131,6 +131,41 @@ def test_k_goes_down_to_zero_and_then_the_task_gets_no_prefix():
     assert failed_tasks(failed + [won], 1.0) == {0: "a"}  # a prefixed success is not the group's own
 
 
+def test_k_in_tokens_of_the_first_action_and_shared_by_a_task_field():
+    """``unit: tokens`` prefixes part of a multi-step demonstration's first action (the rest is the
+    policy's); ``share_by`` gives the tasks of one kind one k, capped at each task's own length."""
+    from agent_r1.algorithms.demos import PrefixMethod
+
+    demos = {"a": Trajectory("a", 0, steps=[Step([1], [5, 6, 7, 8], [0.0] * 4), Step([1, 5, 6, 7, 8, 9], [2], [0.0])]),
+             "b": Trajectory("b", 0, steps=[Step([1], [5, 6], [0.0] * 2), Step([1, 5, 6, 9], [2], [0.0])]),
+             "c": Trajectory("c", 0, steps=[Step([1], [4, 4, 4, 4, 4], [0.0] * 5)])}
+    m = PrefixMethod(demos.get, episodes=1, unit="tokens", share_by="kind")
+    m.bind({"a": {"kind": "x"}, "b": {"kind": "x"}, "c": {"kind": "y"}})
+    assert [m.start_k(t) for t in "abc"] == [3, 1, 4]  # all but the last token of the first action
+    assert m.prefix(demos["a"], 3).tokens == [5, 6, 7] and m.prefix(demos["a"], 3).turns == []
+
+    def prefixed(task, k, reward):
+        return Trajectory(task, 0, steps=[Step([1], [3], [-1.0])], final_reward=reward, demo=PREFIX, demo_prefix=k)
+
+    stats = m.after_iteration([prefixed("a", 3, 1.0), prefixed("b", 1, 0.0), prefixed("c", 4, 0.0)])
+    assert m.k == {"x": 1, "y": 4}  # kind x: a success at its largest k (3) halves it; y failed: kept
+    assert stats["demos/prefix_k/x"] == 1 and stats["demos/prefix_tasks_done"] == 0
+    assert [m.start_k(t) for t in "abc"] == [1, 1, 4]  # b's success-less k moved with a's
+    m.after_iteration([prefixed("b", 1, 1.0)])
+    assert m.k["x"] == 0 and m.start_k("a") == 0  # one k for the kind: a is done too
+    with pytest.raises(ValueError, match="share_by='kind': 1 task\\(s\\) have no such field, e.g. 'd'"):
+        PrefixMethod(demos.get, share_by="kind").bind({"a": {"kind": "x"}, "d": {"id": "d"}})
+    auto = PrefixMethod(demos.get)
+    assert auto.start_k("a") == 1 and auto.prefix(demos["a"], 1).turns == [([5, 6, 7, 8], "")]  # steps, as before
+
+
+def test_the_trainer_gives_the_method_its_tasks_fields(tok, make_model):
+    with pytest.raises(ValueError, match="share_by='kind': 2 task\\(s\\) have no such field, e.g. 'a' \\(its fields: \\['id', 'prompt'\\]\\)"):
+        _trainer(tok, make_model, RLConfig(demos="prefix", demo_settings={"share_by": "kind"}))
+    trainer = _trainer(tok, make_model, RLConfig(demos="prefix", demo_settings={"share_by": "prompt"}))
+    assert trainer.demos.keys == {"a": "go", "b": "write"}
+
+
 # ---------------------------------------------------------------- member (LUFFY)
 def _ep(group, final, ids=(30,), demo=""):
     return Trajectory(f"t{group}", group, steps=[Step([11, 12], list(ids), [-0.5] * len(ids))], final_reward=final,
@@ -253,6 +288,10 @@ def test_bad_demo_settings_are_named():
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=luffy"]))
     with pytest.raises(ConfigError, match=r"rl.demo_settings: demonstration method 'relift' has no setting\(s\) \['k'\]"):
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=relift", "rl.demo_settings={k: 1}"]))
+    with pytest.raises(ConfigError, match="prefix needs episodes >= 1, 0 <= shrink < 1 and unit auto or tokens, .*unit='steps'"):
+        load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=prefix", "rl.demo_settings={unit: steps}"]))
+    with pytest.raises(ConfigError, match="shrink=1.5"):
+        load_config("code-tiny", "pipelines.yaml", parse_overrides(["methods=[grpo+prefix]", "rl.demo_settings={shrink: 1.5}"]))
     with pytest.raises(ConfigError, match="rl.demos: prefix .* rl.algorithm rft"):
         load_config("code-tiny", "pipelines.yaml", parse_overrides(["rl.demos=prefix", "rl.algorithm=rft"]))
     cfg = load_config("code-tiny", "pipelines.yaml", parse_overrides(["methods=[grpo, grpo+member]"]))

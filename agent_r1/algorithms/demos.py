@@ -4,9 +4,10 @@ the class's ``__init__``), like the advantage estimators.
 
 - ``prefix`` (R³, Xi et al. 2024, arXiv:2402.05808; BREAD, Zhang et al. 2025, arXiv:2506.17211):
   a task whose sampled group got no success gets ``episodes`` more members that start from the
-  first k steps of its demonstration (a one-step demonstration: its first k action tokens). The
-  prefix is context (loss mask 0, not sampled); k shrinks (×``shrink``) each time a prefixed
-  episode of the task succeeds, down to 0 (then the task is sampled as usual).
+  first k steps of its demonstration (a one-step demonstration, or ``unit: tokens``: the first k
+  tokens of its first action). The prefix is context (loss mask 0, not sampled); k shrinks
+  (×``shrink``) each time a prefixed episode of the task (or of its ``share_by`` kind) succeeds,
+  down to 0 (then the task is sampled as usual).
 - ``member`` (LUFFY, Yan et al. 2025, arXiv:2504.14945): every group gets its task's
   demonstration as one more member, with the reward the environment gave it; the group's
   advantages include it, and its tokens are trained with LUFFY's shaped weight
@@ -78,13 +79,15 @@ def demo_settings(name: str) -> dict[str, Any]:
 
 
 def make_demo_method(name: str, demonstration: Callable[[str], Trajectory | None], settings: dict,
-                     pool: set[str] | None = None) -> DemoMethod:
+                     pool: set[str] | None = None, tasks: dict[str, dict] | None = None) -> DemoMethod:
     """The method ``name`` with ``settings``; ``demonstration(task_id)`` gives a task's
-    demonstration (None: it has none), asked only for the tasks in ``pool`` (None: every task)."""
+    demonstration (None: it has none), asked only for the tasks in ``pool`` (None: every task);
+    ``tasks``: the RL tasks by id (what a method that reads their fields sees)."""
     if name not in DEMO_METHODS:
         raise KeyError(f"unknown demonstration method {name!r}; known: {', '.join(sorted(DEMO_METHODS))}")
     method = DEMO_METHODS[name](demonstration, **settings)
     method.pool = pool
+    method.bind(tasks or {})
     return method
 
 
@@ -137,6 +140,9 @@ class DemoMethod:
             self._spent("build", t0)
         return self._demos[task_id]
 
+    def bind(self, tasks: dict[str, dict]) -> None:
+        """Called once with the RL tasks by id, before the first iteration."""
+
     def _spent(self, part: str, t0: float) -> None:
         self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
 
@@ -175,39 +181,58 @@ def metric_key(task_id: str) -> str:
 class PrefixMethod(DemoMethod):
     """R³ / BREAD: failed groups get episodes that start from their demonstration's first k steps.
 
-    k counts steps of a demonstration of several steps, tokens of a one-step one; it starts at
-    all but the last unit, and each iteration whose prefixed episodes of a task include a success
-    (final reward ≥ ``success_reward``) sets it to ``int(k * shrink)``. At k = 0 the task gets no
-    prefixed episodes any more. Logged: ``demos/prefix_episodes`` (how many this iteration),
-    ``demos/prefix_success`` (their share that succeeded), ``demos/prefix_k_mean`` (the mean k they
-    started from), ``demos/prefix_k/<task>`` (each such task's k after the iteration) and
-    ``demos/prefix_tasks_done`` (tasks whose k reached 0)."""
+    k counts steps of a demonstration of several steps and tokens of a one-step one (``unit:
+    auto``), or, with ``unit: tokens``, the tokens of the first action of any demonstration (the
+    policy finishes that action and plays the rest of the episode). It starts at all but the last
+    unit, and each iteration whose prefixed episodes include a success (final reward ≥
+    ``success_reward``) sets it to ``int(k * shrink)``. At k = 0 the task gets no prefixed episodes
+    any more. ``share_by`` (a task field, e.g. ``qtype``) gives the tasks with one value of it one k
+    (capped at each task's own units less one): a kind's k then shrinks with any of its tasks'
+    successes, where a task drawn only once or twice would keep its own k. Logged:
+    ``demos/prefix_episodes`` (how many this iteration), ``demos/prefix_success`` (their share that
+    succeeded), ``demos/prefix_k_mean`` (the mean k they started from), ``demos/prefix_k/<key>``
+    (each prefixed task's, or kind's, k after the iteration) and ``demos/prefix_tasks_done`` (keys
+    whose k reached 0)."""
 
-    def __init__(self, demonstration, *, episodes: int = 2, shrink: float = 0.5, success_reward: float = 1.0):
+    def __init__(self, demonstration, *, episodes: int = 2, shrink: float = 0.5, success_reward: float = 1.0,
+                 unit: str = "auto", share_by: str = ""):
         super().__init__(demonstration)
-        if episodes < 1 or not 0 <= shrink < 1:
-            raise ValueError(f"rl.demo_settings: prefix needs episodes >= 1 and 0 <= shrink < 1, got episodes={episodes}, "
-                             f"shrink={shrink}")
+        if episodes < 1 or not 0 <= shrink < 1 or unit not in ("auto", "tokens"):
+            raise ValueError(f"rl.demo_settings: prefix needs episodes >= 1, 0 <= shrink < 1 and unit auto or tokens, "
+                             f"got episodes={episodes}, shrink={shrink}, unit={unit!r}")
         self.n, self.shrink, self.success_reward = episodes, shrink, success_reward
-        self.k: dict[str, int] = {}  # task id -> the k its next prefixed episodes start from
+        self.tokens, self.share_by = unit == "tokens", share_by
+        self.k: dict[str, int] = {}  # key (task id, or its share_by value) -> the k its next prefixed episodes start from
+        self.keys: dict[str, str] = {}  # task id -> its key, with share_by
 
-    @staticmethod
-    def units(demo: Trajectory) -> int:
-        """How many units k counts in ``demo``: its steps, or the action tokens of its one step."""
-        return len(demo.steps) if len(demo.steps) > 1 else len(demo.steps[0].action_ids)
+    def bind(self, tasks):
+        if not self.share_by:
+            return
+        missing = [task_id for task_id, task in tasks.items() if self.share_by not in task]
+        if missing:
+            raise ValueError(f"rl.demo_settings: prefix share_by={self.share_by!r}: {len(missing)} task(s) have no such "
+                             f"field, e.g. {missing[0]!r} (its fields: {sorted(tasks[missing[0]])})")
+        self.keys = {task_id: str(task[self.share_by]) for task_id, task in tasks.items()}
+
+    def key(self, task_id: str) -> str:
+        return self.keys.get(task_id, task_id)
+
+    def units(self, demo: Trajectory) -> int:
+        """How many units k counts in ``demo``: its steps, or the action tokens of its first step."""
+        return len(demo.steps) if len(demo.steps) > 1 and not self.tokens else len(demo.steps[0].action_ids)
 
     def start_k(self, task_id: str) -> int:
         demo = self.demo(task_id)
         if demo is None or not demo.steps:
             return 0
-        return self.k.get(task_id, self.units(demo) - 1)
+        top = self.units(demo) - 1
+        return min(self.k.get(self.key(task_id), top), top)
 
-    @staticmethod
-    def prefix(demo: Trajectory, k: int):
+    def prefix(self, demo: Trajectory, k: int):
         """The :class:`~agent_r1.rollout.Prefix` of a demonstration's first ``k`` units."""
         from agent_r1.rollout.loop import Prefix
 
-        if len(demo.steps) > 1:
+        if len(demo.steps) > 1 and not self.tokens:
             return Prefix(turns=[(s.action_ids, s.action_text) for s in demo.steps[:k]])
         return Prefix(tokens=demo.steps[0].action_ids[:k])
 
@@ -231,17 +256,18 @@ class PrefixMethod(DemoMethod):
         if not prefixed:
             return stats | {"demos/prefix_episodes": 0}
         won: dict[str, bool] = {}
+        started: dict[str, int] = {}  # key -> the largest k its prefixed episodes started from
         for t in prefixed:
-            won[t.task_id] = won.get(t.task_id, False) or t.final_reward >= self.success_reward
-            self.k[t.task_id] = t.demo_prefix
-        for task, w in won.items():
-            if w:
-                self.k[task] = int(self.k[task] * self.shrink)
+            key = self.key(t.task_id)
+            won[key] = won.get(key, False) or t.final_reward >= self.success_reward
+            started[key] = max(started.get(key, 0), t.demo_prefix)
+        for key, k in started.items():
+            self.k[key] = int(k * self.shrink) if won[key] else k
         return stats | {"demos/prefix_episodes": len(prefixed),
                         "demos/prefix_success": sum(t.final_reward >= self.success_reward for t in prefixed) / len(prefixed),
                         "demos/prefix_k_mean": sum(t.demo_prefix for t in prefixed) / len(prefixed),
                         "demos/prefix_tasks_done": sum(k == 0 for k in self.k.values()),
-                        **{f"demos/prefix_k/{metric_key(task)}": self.k[task] for task in won}}
+                        **{f"demos/prefix_k/{metric_key(key)}": self.k[key] for key in won}}
 
     def state(self):
         return {"k": dict(self.k)}

@@ -452,7 +452,7 @@ class RLTrainer:
         if cfg.demos:
             by_id = {str(t["id"]): t for t in tasks}
             self.demos = make_demo_method(cfg.demos, lambda task_id: demonstration(make_env(), by_id[task_id], context),
-                                          cfg.demo_settings, demo_pool)
+                                          cfg.demo_settings, demo_pool, by_id)
         if files is not None and resumable(files.state, files.fingerprint):
             client = self.learner.load_state(files.state)
             self.iteration, self.history, self.curve = client["step"], client["history"], client.get("curve", [])
