@@ -53,6 +53,8 @@ class DataConfig(_Strict):
     """Cap on the questions of each question type per split; null: one per eligible entity. code: the training problems of each kind (null: 200)."""
     test_per_type: int = Field(40, ge=1)
     """code: the test problems of each kind (drawn apart from the training ones)."""
+    test_range: Literal["train", "beyond"] = "train"
+    """code: the ranges the test problems' parameters are drawn from: train (those of the training problems) or beyond (past them: longer numbers, later terms, larger bounds; the same questions and programs; train and val unchanged), a held-out variant beyond every demonstration."""
     name_words: Literal[1, 2] = _WORLD.name_words  # words per entity name (1: a bigger single-word inventory)
     """Words per made-up entity name (1: a larger inventory of single words)."""
     val_per_type: int = Field(_WORLD.val_per_type, ge=0)
@@ -61,7 +63,7 @@ class DataConfig(_Strict):
     """textworld: the games tw-make generates (their seeds come from `data.seed`)."""
 
     def world(self) -> WorldConfig:
-        return WorldConfig(**self.model_dump(exclude={"source", "path", "test_per_type", "games"}))
+        return WorldConfig(**self.model_dump(exclude={"source", "path", "test_per_type", "test_range", "games"}))
 
 
 class ModelConfig(_Strict):
@@ -748,6 +750,10 @@ def _val_problems(cfg: RunConfig) -> list[str]:
         if cfg.eval.curve_split != "val":
             out.append(f"sft.plateau: is chosen on the val split; eval.curve_split is {cfg.eval.curve_split!r} "
                        "(set val)")
+    if cfg.data.test_range != "train" and cfg.data.source != "code":
+        out.append(f"data.test_range: {cfg.data.test_range} draws the code task's test problems; data.source "
+                   f"{cfg.data.source} has no parameter ranges (its held-out variants: eval.hops for QA, "
+                   "data.games.test_quest_lengths for textworld)")
     return out
 
 

@@ -56,7 +56,7 @@ def prepare_data(cfg: RunConfig) -> Path:
     if cfg.data.source == "code":
         d = cfg.data
         return write_code_tasks(CodeTaskConfig(seed=d.seed, n_train=d.questions_per_type or 200, n_test=d.test_per_type,
-                                               n_val=d.val_per_type), out)
+                                               n_val=d.val_per_type, test_range=d.test_range), out)
     if cfg.data.source == "textworld":
         return write_text_games(cfg.data.games, cfg.data.seed, out)
     if cfg.data.source == "jsonl":

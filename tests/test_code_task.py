@@ -35,6 +35,28 @@ def test_each_reference_program_prints_its_gold_answer():
     assert max(len(r["answers"][0]) for r in rows if r["qtype"] == "arithmetic") >= 6  # not a head sum
 
 
+def test_test_problems_beyond_the_training_ranges_leave_train_and_val_as_they_are():
+    import re
+
+    cfg = CodeTaskConfig(seed=2, n_train=40, n_test=3, n_val=2)
+    plain, beyond = generate_code_tasks(cfg), generate_code_tasks(CodeTaskConfig(**{**cfg.__dict__, "test_range": "beyond"}))
+    assert beyond["train"] == plain["train"] and beyond["val"] == plain["val"]
+    assert len(beyond["test"]) == 3 * len(KINDS) and not {r["question"] for r in beyond["test"]} & {
+        r["question"] for r in plain["test"] + plain["train"]}
+    top = lambda row: max(int(n) for n in re.findall(r"\d+", row["question"]))  # noqa: E731
+    for kind in KINDS:  # every kind's largest number is past every training problem's
+        assert min(top(r) for r in beyond["test"] if r["qtype"] == kind) > max(
+            top(r) for r in plain["train"] + plain["test"] if r["qtype"] == kind), kind
+    for row in beyond["test"][::3]:  # one of each kind: the program still prints the answer
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", row["code"]], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == row["answers"][0], row
+    from agent_r1.config import ConfigError, load_config, parse_overrides
+
+    with pytest.raises(ConfigError, match="data.test_range: beyond draws the code task's test problems; data.source synthetic"):
+        load_config("tiny", "pipelines.yaml", parse_overrides(["data.test_range=beyond"]))
+    assert load_config("code-tiny", "pipelines.yaml", parse_overrides(["data.test_range=beyond"])).data.test_range == "beyond"
+
+
 def test_too_many_problems_for_a_kind_is_one_clear_error():
     with pytest.raises(ValueError, match="only .* distinct problems"):
         generate_code_tasks(CodeTaskConfig(n_train=10_000, n_test=1, kinds=("fibonacci",)))

@@ -16,7 +16,11 @@ Kinds (``qtype``), each drawn from its own parameter ranges:
 - ``collatz``: the steps from ``n`` to 1 of the Collatz map.
 
 Splits are seeded and disjoint: the train and test problems come from one seeded stream of
-distinct parameter draws, the first ``n_test`` of each kind to the test split.
+distinct parameter draws, the first ``n_test`` of each kind to the test split. With ``test_range:
+beyond`` the test problems are drawn instead from ranges past the training ones (:data:`BEYOND`:
+longer numbers, later terms, larger bounds), with the same questions and programs, and the train
+and val problems stay what they are with the default: a held-out variant that a model answering
+from memory of its training numbers fails and a model that writes the program passes.
 """
 
 from __future__ import annotations
@@ -91,22 +95,37 @@ KINDS: dict[str, _Kind] = {
 }
 
 
+# kind -> its draw past the training ranges (test_range: beyond); each range starts above the training one
+BEYOND: dict[str, Callable[[random.Random], tuple]] = {
+    "arithmetic": lambda r: (r.randint(1000, 9999), r.randint(10000, 99999), r.randint(1000, 9999), r.randint(1000, 9999),
+                             r.randint(100000, 999999)),
+    "prime_sum": lambda r: (r.randint(3001, 20000),),
+    "fibonacci": lambda r: (r.randint(10, 99), r.randint(10, 99), r.randint(61, 150)),
+    "divisible_count": lambda r: (r.randint(100000, 999999), r.randint(3, 13), r.randint(14, 29)),
+    "digit_sum": lambda r: (r.randint(2, 9), r.randint(201, 600)),
+    "collatz": lambda r: (r.randint(10000, 999999),),
+}
+
+
 @dataclass(frozen=True)
 class CodeTaskConfig:
-    """``n_train``, ``n_test`` and ``n_val`` problems of each kind in ``kinds`` (default: all), from ``seed``."""
+    """``n_train``, ``n_test`` and ``n_val`` problems of each kind in ``kinds`` (default: all), from
+    ``seed``; ``test_range``: ``train`` (the test problems from the training ranges) or ``beyond``."""
 
     seed: int = 0
     n_train: int = 200
     n_test: int = 40
     n_val: int = 0
     kinds: tuple[str, ...] = tuple(KINDS)
+    test_range: str = "train"
 
 
 def generate_code_tasks(cfg: CodeTaskConfig) -> dict[str, list[dict]]:
     """``{"train": rows, "test": rows}`` (and ``"val"`` with ``n_val``): each kind's first ``n_test``
     distinct draws are test problems, the next ``n_train`` train ones (no problem is in both). The
     val problems are drawn afterwards from a generator of their own, apart from both: train and
-    test are the same with or without them."""
+    test are the same with or without them. With ``test_range: beyond`` the test problems are
+    drawn last, from :data:`BEYOND` and a generator of their own: train and val are unchanged."""
     unknown = sorted(set(cfg.kinds) - set(KINDS))
     if unknown:
         raise ValueError(f"code task kinds {unknown} are unknown; known: {sorted(KINDS)}")
@@ -120,19 +139,27 @@ def generate_code_tasks(cfg: CodeTaskConfig) -> dict[str, list[dict]]:
         splits[split].append({"id": f"{split}-{kind}-{len(splits[split]):05d}", "question": question(*params),
                               "answers": [str(answer(*params))], "qtype": kind, "code": program(*params)})
 
-    def draw_new(kind: str, generator: random.Random, total: int) -> tuple:
+    def draw_new(kind: str, draw: Callable[[random.Random], tuple], generator: random.Random, total: int) -> tuple:
         for _ in range(100 * total):
-            if (params := KINDS[kind][0](generator)) not in seen[kind]:
+            if (params := draw(generator)) not in seen[kind]:
                 return params
         raise ValueError(f"code task kind {kind!r}: only {len(seen[kind])} distinct problems for "
                          f"n_train + n_test + n_val = {total}")
 
     for kind in cfg.kinds:
         for k in range(cfg.n_train + cfg.n_test):
-            add(kind, "test" if k < cfg.n_test else "train", draw_new(kind, rng, cfg.n_train + cfg.n_test))
+            add(kind, "test" if k < cfg.n_test else "train", draw_new(kind, KINDS[kind][0], rng, cfg.n_train + cfg.n_test))
     for kind in cfg.kinds:
         for _ in range(cfg.n_val):
-            add(kind, "val", draw_new(kind, val_rng, cfg.n_train + cfg.n_test + cfg.n_val))
+            add(kind, "val", draw_new(kind, KINDS[kind][0], val_rng, cfg.n_train + cfg.n_test + cfg.n_val))
+    if cfg.test_range == "beyond":  # the same train and val; the test problems drawn past their ranges
+        splits["test"] = []
+        beyond_rng = random.Random(f"{cfg.seed}-beyond")
+        for kind in cfg.kinds:
+            for _ in range(cfg.n_test):
+                add(kind, "test", draw_new(kind, BEYOND[kind], beyond_rng, cfg.n_test))
+    elif cfg.test_range != "train":
+        raise ValueError(f"code test_range must be train or beyond, got {cfg.test_range!r}")
     return splits
 
 
