@@ -153,8 +153,8 @@ class PlateauConfig(_Strict):
     held-out curve (`eval.curve_size` of the val split, greedy at `eval.temperature`), scored by its metric (won, em,
     else reward)."""
     patience: int = Field(3, ge=1)
-    """Evaluations without a better score after the best one before training stops; the best one's weights are the
-    SFT checkpoint."""
+    """Evaluations without a better score after the best one before training stops (at once when the score is 1, the
+    most em or won can be); the best one's weights are the SFT checkpoint."""
     max_epochs: float = Field(10.0, gt=0)
     """Passes over the demonstrations at most (replaces `sft.epochs`; the learning-rate schedule spans them)."""
 

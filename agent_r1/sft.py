@@ -123,7 +123,8 @@ def sft(
 class Plateau:
     """Early stopping on a validation curve: :meth:`add` one evaluation's score (higher is better)
     at a training step; training stops ``patience`` evaluations after the best one (the first of
-    equal scores) unless a later one beats it. ``points`` (resumable) holds every evaluation."""
+    equal scores) unless a later one beats it, or at once when a score reaches the metric's
+    ``ceiling`` (nothing can beat it). ``points`` (resumable) holds every evaluation."""
 
     def __init__(self, patience: int, points: list[dict] | None = None):
         self.patience, self.points = patience, list(points or [])
@@ -133,8 +134,9 @@ class Plateau:
         """The evaluation with the highest score (the first of equal ones)."""
         return max(self.points, key=lambda p: p["score"], default=None)
 
-    def add(self, step: int, score: float, **extra) -> tuple[bool, bool]:
+    def add(self, step: int, score: float, ceiling: float | None = None, **extra) -> tuple[bool, bool]:
         """Record an evaluation; returns (it is the new best, training should stop now)."""
         self.points.append({"step": step, "score": float(score), **extra})
         best = self.points.index(self.best)
-        return best == len(self.points) - 1, len(self.points) - 1 - best >= self.patience
+        at_ceiling = ceiling is not None and self.best["score"] >= ceiling
+        return best == len(self.points) - 1, at_ceiling or len(self.points) - 1 - best >= self.patience

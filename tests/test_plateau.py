@@ -25,6 +25,10 @@ def test_plateau_keeps_the_first_best_and_stops_patience_evaluations_after_it():
     assert p.best == {"step": 20, "score": 0.5}
     resumed = Plateau(2, p.points[:3])  # the points a resumable state keeps
     assert resumed.add(40, 0.6) == (True, False) and resumed.best["step"] == 40
+    perfect = Plateau(3)
+    assert perfect.add(10, 0.9, ceiling=1.0) == (True, False)
+    assert perfect.add(20, 1.0, ceiling=1.0) == (True, True)  # nothing can beat it: no patience to wait out
+    assert Plateau(3).add(10, 1.0) == (True, False)  # a metric with no ceiling (reward) waits
 
 
 def test_sft_plateau_stops_after_its_patience_and_keeps_the_best_checkpoint(tmp_path, monkeypatch):

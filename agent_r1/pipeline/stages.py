@@ -206,8 +206,8 @@ class _PlateauWatch:
         self.eval_s += point["eval_s"]
         metric = next(k for k in CURVE_METRICS if k in point)  # the held-out curve's metric
         steps_per_epoch = total / self.cfg.sft.plateau.max_epochs
-        best, stop = self.plateau.add(step, point[metric], metric=metric, epoch=round(step / steps_per_epoch, 4),
-                                      train_s=round(train_s, 2))
+        best, stop = self.plateau.add(step, point[metric], ceiling=1.0 if metric in ("won", "em") else None,
+                                      metric=metric, epoch=round(step / steps_per_epoch, 4), train_s=round(train_s, 2))
         if best:
             self.learner.save(self.best_dir, self.tokenizer)
         self.stage_log.metrics({f"sft_val/{metric}": point[metric], "sft_val/train_s": train_s}, step)
