@@ -740,7 +740,8 @@ def has_val_split(cfg: RunConfig) -> bool:
 
 def _val_problems(cfg: RunConfig) -> list[str]:
     """eval.split names a split the data has (a held-out curve on a missing val split is off instead:
-    :attr:`RunConfig.curve_every`); the SFT plateau is chosen on a val split."""
+    :attr:`RunConfig.curve_every`); the SFT plateau is chosen on a val split; data.test_range draws
+    the test split of the one source with parameter ranges (code)."""
     out = []
     if not has_val_split(cfg) and cfg.eval.split == "val":
         out.append(f"eval.split: val: the data has no val split ({val_hint(cfg)}), or choose another split")

@@ -217,9 +217,13 @@ class PrefixMethod(DemoMethod):
     def key(self, task_id: str) -> str:
         return self.keys.get(task_id, task_id)
 
+    def _by_steps(self, demo: Trajectory) -> bool:
+        """k counts ``demo``'s steps (else the action tokens of its first step)."""
+        return len(demo.steps) > 1 and not self.tokens
+
     def units(self, demo: Trajectory) -> int:
         """How many units k counts in ``demo``: its steps, or the action tokens of its first step."""
-        return len(demo.steps) if len(demo.steps) > 1 and not self.tokens else len(demo.steps[0].action_ids)
+        return len(demo.steps) if self._by_steps(demo) else len(demo.steps[0].action_ids)
 
     def start_k(self, task_id: str) -> int:
         demo = self.demo(task_id)
@@ -232,7 +236,7 @@ class PrefixMethod(DemoMethod):
         """The :class:`~agent_r1.rollout.Prefix` of a demonstration's first ``k`` units."""
         from agent_r1.rollout.loop import Prefix
 
-        if len(demo.steps) > 1 and not self.tokens:
+        if self._by_steps(demo):
             return Prefix(turns=[(s.action_ids, s.action_text) for s in demo.steps[:k]])
         return Prefix(tokens=demo.steps[0].action_ids[:k])
 
