@@ -206,8 +206,9 @@ def test_a_resumed_run_keeps_its_held_out_points_and_takes_each_once(tok, make_m
     assert [p["episodes"] for p in points] == [0, 4, 8] and points[2]["wall_s"] >= points[1]["wall_s"] > 0
 
 
-def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time(tok, make_model):
-    """time/heldout_share: the held-out points' seconds (eval_s) over those plus the iterations' so far."""
+def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time_and_its_memory(tok, make_model):
+    """time/heldout_share: the held-out points' seconds (eval_s) over those plus the iterations' so far;
+    memory/rss_gb and memory/peak_rss_gb: the process's resident memory now and at its largest."""
     from agent_r1.context import ContextManager
     from agent_r1.pipeline.rl_driver import RLTrainer
     from agent_r1.rollout import HFEngine
@@ -224,6 +225,7 @@ def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time(tok, make_
         heldout_s = 5.0 * points[i]
         rl_s = sum(g["time/iteration_s"] for g in trainer.history[: i + 1])
         assert h["time/heldout_share"] == pytest.approx(heldout_s / (heldout_s + rl_s))
+        assert 0.05 < h["memory/rss_gb"] < h["memory/peak_rss_gb"] + 0.01  # the kernel's peak can lag a little
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from agent_r1.context import ContextManager
 from agent_r1.envs.metrics import MetricError
+from agent_r1.memory import release_freed
 from agent_r1.rollout.engine import RolloutEngine, SamplingParams
 from agent_r1.tools.base import _describe
 from agent_r1.trajectory import Step, Trajectory
@@ -62,6 +63,7 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], ToolEnv], tasks: 
 
     ``prefixes`` (one per task, None for none) start episodes from a :class:`Prefix` (see :func:`_start`).
     """
+    release_freed()  # the heap pages freed since the last batch (an update's activations) back to the OS
     engine.reset()  # nothing kept from an earlier batch (the weights may have changed since)
     envs = [make_env() for _ in tasks]
     trajs = [Trajectory(task_id=str(task.get("id", i)), group_id=group_ids[i] if group_ids else i)
