@@ -24,6 +24,7 @@ from agent_r1.pipeline.ahead import RolloutsAhead
 from agent_r1.pipeline.rl_driver import RLTrainer, build_train_batch
 from agent_r1.rollout import EngineDied, HFEngine
 from agent_r1.rollout.vllm_server import ROOT
+from tests.machine_metrics import of_the_run
 from tests.test_learner import batch_of, make_trajs
 from tests.test_rl import TASKS, LetterEnv
 
@@ -326,8 +327,7 @@ def test_at_eta_0_nothing_runs_ahead_and_nothing_is_corrected(tok, make_model):
                             max_new_tokens=4, seed=0)
         trainer.run()
         assert trainer._ahead is None
-        runs[mode] = [{k: v for k, v in h.items() if not k.startswith("time/") and not k.endswith("_per_s")}
-                      for h in trainer.history]
+        runs[mode] = [of_the_run(h) for h in trainer.history]
     assert runs["tis"] == runs["decoupled"] == runs["none"]
     assert all(h["rollout/staleness_max"] == 0 and not any(k.startswith("policy/is_") for k in h) for h in runs["tis"])
 

@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import load_file
 
 from agent_r1.config import ConfigError, load_config, parse_overrides
+from tests.machine_metrics import of_the_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [
@@ -43,7 +44,6 @@ SETTINGS = [
     "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
     "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
 ]
-MACHINE = ("time", "wall_s", "_per_s", "rollout/prefill")  # the machine's speed; the engine's counters of rank 0
 
 
 def _env(root: Path) -> dict:
@@ -70,7 +70,7 @@ def _wait(proc: subprocess.Popen, root: Path, log_name: str = "log.txt", timeout
 
 
 def _history(root: Path) -> list[dict]:
-    return [{k: v for k, v in h.items() if not any(t in k for t in MACHINE)}
+    return [of_the_run(h, also=("rollout/prefill",))  # and the engine's counters, of rank 0 only
             for h in json.loads((root / "out" / "metrics" / "train" / "grpo.json").read_text())]
 
 

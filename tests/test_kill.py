@@ -25,6 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.machine_metrics import of_the_run
+
 ROOT = Path(__file__).resolve().parents[1]
 KILL_POINTS = int(os.environ.get("AGENT_R1_KILL_POINTS", "5"))
 SETTINGS = [
@@ -34,7 +36,6 @@ SETTINGS = [
     "model.tiny.num_layers=1", "model.tiny.hidden_size=32", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
     "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
 ]
-TIMING = ("time", "wall_s", "_per_s")  # metrics that measure the machine, not the run
 
 
 def _start(root: Path, log) -> subprocess.Popen:
@@ -125,14 +126,13 @@ def _mlflow(root: Path) -> dict:
     out = {"pipeline": pipelines[0].info.status}
     for name, run_id in tracker.child_runs(pipelines[0].info.run_id).items():
         info = tracker.run_info(run_id)
-        out[name] = (info["status"], {k: v for k, v in info["metrics"].items() if not any(t in k for t in TIMING)})
+        out[name] = (info["status"], of_the_run(info["metrics"]))
     return out
 
 
 def _results(root: Path) -> dict:
     out = root / "out"
-    history = [{k: v for k, v in h.items() if not any(t in k for t in TIMING)}
-               for h in json.loads((out / "metrics" / "train" / "grpo.json").read_text())]
+    history = [of_the_run(h) for h in json.loads((out / "metrics" / "train" / "grpo.json").read_text())]
     return {"eval": json.loads((out / "metrics" / "eval.json").read_text()), "rl": history,
             "sft": json.loads((out / "metrics" / "sft_history.json").read_text()),
             "register": json.loads((out / "metrics" / "register.json").read_text())}

@@ -17,6 +17,7 @@ from agent_r1.run import tasks_for
 from agent_r1.sft import demonstration
 from agent_r1.tools import SearchIndex, make_search_tool
 from agent_r1.trajectory import load_parquet
+from tests.machine_metrics import of_the_run
 
 
 def test_repo_pipelines_file_is_valid():
@@ -123,9 +124,8 @@ def test_default_run_end_to_end_on_tiny_sizes(tmp_path):
     # the same machine, seed and config give the same metrics (wall times aside)
     again = run_all(load_config("tiny", "pipelines.yaml", parse_overrides([f"output_dir={tmp_path / 'again'}"] + TINY_RUN)))
     assert again["eval"] == results
-    untimed = lambda hist: [{k: v for k, v in h.items() if not k.endswith("_s")} for h in hist]
     history_again = json.loads((tmp_path / "again" / "metrics" / "train" / "grpo.json").read_text())
-    assert untimed(history_again) == untimed(history)
+    assert [of_the_run(h) for h in history_again] == [of_the_run(h) for h in history]
 
 
 def _demo_setup(tmp_path, overrides):
