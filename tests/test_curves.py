@@ -208,7 +208,8 @@ def test_a_resumed_run_keeps_its_held_out_points_and_takes_each_once(tok, make_m
 
 def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time_and_its_memory(tok, make_model):
     """time/heldout_share: the held-out points' seconds (eval_s) over those plus the iterations' so far;
-    memory/rss_gb and memory/peak_rss_gb: the process's resident memory now and at its largest."""
+    memory/released_gb, memory/rss_gb and memory/peak_rss_gb: what handing freed pages back released, then
+    the process's resident memory and its largest."""
     from agent_r1.context import ContextManager
     from agent_r1.pipeline.rl_driver import RLTrainer
     from agent_r1.rollout import HFEngine
@@ -226,6 +227,7 @@ def test_each_iteration_logs_the_held_out_points_share_of_the_rl_time_and_its_me
         rl_s = sum(g["time/iteration_s"] for g in trainer.history[: i + 1])
         assert h["time/heldout_share"] == pytest.approx(heldout_s / (heldout_s + rl_s))
         assert 0.05 < h["memory/rss_gb"] < h["memory/peak_rss_gb"] + 0.01  # the kernel's peak can lag a little
+        assert h["memory/released_gb"] >= 0
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ from agent_r1.envs.metrics import aggregate
 from agent_r1.data.synthetic import load_split
 from agent_r1.learner import Learner, ValueModel
 from agent_r1.learner.distributed import all_reduce, any_rank, gathered, is_main
-from agent_r1.memory import peak_rss_gb, rss_gb
+from agent_r1.memory import peak_rss_gb, release_freed, rss_gb
 from agent_r1.models import load_model
 from agent_r1.pipeline import health
 from agent_r1.pipeline.ahead import RolloutsAhead, iteration_generator
@@ -320,7 +320,8 @@ def end_iteration(trainer: "RLTrainer", trajs: list[Trajectory], stats: dict) ->
              "rollout/staleness_mean": statistics.fmean(staleness), "rollout/staleness_max": max(staleness),
              "iteration": it, "time/rollout_s": trainer.rollout_s, "time/rollout_wait_s": trainer.rollout_wait_s,
              "time/iteration_s": time.perf_counter() - trainer.t_start,
-             "memory/rss_gb": rss_gb(), "memory/peak_rss_gb": peak_rss_gb()}
+             # the update's freed activations back to the OS first: rss_gb is what the run holds between updates
+             "memory/released_gb": release_freed(), "memory/rss_gb": rss_gb(), "memory/peak_rss_gb": peak_rss_gb()}
     if cfg.algorithm == RFT:
         stats["rft/kept_fraction"] = sum(rft_kept(t, cfg) for t in trajs) / len(trajs)
     start = [p for p in trainer.curve if p["iteration"] == 0 and "reward" in p] if it == 1 else []
