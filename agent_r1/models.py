@@ -135,8 +135,9 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     ``auto`` is bf16 on a CUDA GPU that supports it and fp32 on every CPU (the rollout engine's
     exception: :func:`rollout_precision`). On a 2-core Xeon without native bf16, bf16 autocast ran
     2-4x slower than fp32 (docs/pretrained.md), and on one with AVX512-BF16 SmolLM2's fwd+bwd still
-    ran 83 tok/s in bf16 against 109-145 in fp32. Ask for ``bf16`` explicitly to use it for the
-    update on a CPU."""
+    ran 83 tok/s in bf16 against 109-145 in fp32. On an EPYC with AVX512-BF16 a bf16 SFT step ran
+    1.9x faster, but its loss left the stated 1 % tolerance of fp32's (bench/precision.py,
+    docs/running.md). Ask for ``bf16`` explicitly to use it for the update on a CPU."""
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
     if precision != "auto":

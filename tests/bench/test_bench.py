@@ -38,6 +38,9 @@ SMOKE = {
     "learner.py": (["--models", "32,1,2,1,64", "--batch", "2", "--seq", "32", "--prompt", "4", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--threads", "1", "--mm", "64", "--mm-reps", "1",
                     "--breakdown-reps", "1", "--budget-s", "30"], "goal: MFU"),
+    # the same SFT steps in fp32 and bf16 from the same start: losses, gradients, CPU time
+    "precision.py": (["--model", "tiny", "--steps", "2", "--batch", "2", "--seq", "32", "--prompt", "4"],
+                     "within tolerance (loss gap <= "),
     # one whole tiny pipeline run (agent-r1 train --nproc 1) at its test sizes: ~10 s
     "scaling.py": (["--ranks", "1", "--iterations", "2", "--tasks", "2", "--group-size", "2"],
                    "ratio_1_over_1_ranks_s_per_iteration:"),
