@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (packed, no padding)")
     p.add_argument("--prompt", type=int, default=32, help="leading tokens of each sequence outside the loss mask")
-    p.add_argument("--lr", type=float, default=1e-5, help="the learners' learning rate (the default pipeline's SFT)")
+    p.add_argument("--lr", type=float, default=1e-5, help="the learners' learning rate (the default pipeline's: SFT 5e-5, RL 5e-6)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--tolerance", type=float, default=TOLERANCE)
     p.add_argument("--min-cosine", type=float, default=MIN_COSINE)
