@@ -85,7 +85,7 @@ def gradient(model, batch, precision: str, loss_kind: str) -> torch.Tensor:
         if loss_kind == "sft":
             loss = -aggregate(logp, batch.loss_mask, "token-mean")
         else:
-            sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(batch))])[:, None]
+            sign = (1.0 - 2.0 * (torch.arange(len(batch)) % 2))[:, None]  # +1, -1, +1, ...
             cfg = LearnerConfig()
             policy_loss = get_policy_loss(cfg.policy_loss)
             loss, _ = policy_loss(logp, logp.detach(), sign * batch.loss_mask, batch.loss_mask,
@@ -158,9 +158,9 @@ def main(argv=None) -> None:
     console.print(table)
     gaps = gap["bf16"]
     tokens = args.batch * args.seq
-    ratio = statistics.median(cpu["fp32"]) / statistics.median(cpu["bf16"])
-    console.print(f"tokens per CPU s: fp32 {tokens / statistics.median(cpu['fp32']):.1f}, "
-                  f"bf16 {tokens / statistics.median(cpu['bf16']):.1f}")
+    step_cpu = {p: statistics.median(cpu[p]) for p in ("fp32", "bf16")}
+    ratio = step_cpu["fp32"] / step_cpu["bf16"]
+    console.print(f"tokens per CPU s: fp32 {tokens / step_cpu['fp32']:.1f}, bf16 {tokens / step_cpu['bf16']:.1f}")
     console.print("gradients at the start, bf16 against fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in grads.items()))
     console.print(f"loss_rel_gap_max: {max(gaps):.4f}   floor (fp32 in another summation order): {max(gap[FLOOR]):.4f}")
     console.print(f"grad_cosine_sft: {grads['grad_cosine_sft']:.4f}   grad_cosine_pg: {grads['grad_cosine_pg']:.4f}")
